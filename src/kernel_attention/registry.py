@@ -1,0 +1,206 @@
+"""One vocabulary for the Python API, configs and the CLI.
+
+Every swappable part of attention (kernel, positional scheme, set filter, backend, ...) is registered
+here once, under a name, with typed parameters.  A part can then be asked for in any of these forms
+
+    "poly"                          a bare name, default parameters
+    "poly:degree=3"                 name and parameters in one string (what the CLI and configs use)
+    {"name": "poly", "degree": 3}   a mapping (what YAML configs give)
+    ("poly", {"degree": 3})         a pair
+    an instance                     passed through unchanged
+
+and an unknown name or a bad parameter fails *before any work is done*, with a message that lists what
+is accepted.  Filters also compose in the string form: ``"causal&local:window=8"`` (intersection) and
+``"a|b"`` (union) -- see :mod:`kernel_attention.filters`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = ["Param", "Entry", "Registry", "parse_spec", "SpecError"]
+
+
+class SpecError(ValueError):
+    """A name or parameter that the registry does not accept."""
+
+
+_MISSING = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A typed, validated parameter of a registered part.
+
+    ``type`` is one of ``int``, ``float``, ``bool``, ``str`` (or a tuple of them for unions);
+    ``choices`` restricts a value to a set; ``check`` is a predicate with ``rule`` its human wording.
+    ``default=_MISSING`` makes the parameter required; ``optional=True`` also admits ``None``.
+    """
+
+    name: str
+    type: type | tuple[type, ...]
+    default: Any = _MISSING
+    doc: str = ""
+    choices: tuple | None = None
+    check: Callable[[Any], bool] | None = None
+    rule: str = ""
+    optional: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+    def describe(self) -> str:
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        t = "|".join(x.__name__ for x in types)
+        if self.optional:
+            t += "|None"
+        s = f"{self.name}: {t}"
+        if self.choices:
+            s += " in {" + ", ".join(map(str, self.choices)) + "}"
+        if self.rule:
+            s += f" ({self.rule})"
+        if not self.required:
+            s += f" = {self.default!r}"
+        return s
+
+    def coerce(self, value: Any, where: str) -> Any:
+        if value is None and self.optional:
+            return None
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if isinstance(value, str) and str not in types:
+            value = _from_string(value, types, f"{where}: parameter {self.describe()}")
+        if bool in types and not isinstance(value, bool):
+            raise SpecError(f"{where}: parameter {self.describe()} got {value!r}; expected true or false")
+        if bool not in types and isinstance(value, bool):
+            raise SpecError(f"{where}: parameter {self.describe()} got a boolean {value!r}")
+        if float in types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, types):
+            raise SpecError(f"{where}: parameter {self.describe()} got {value!r} of type {type(value).__name__}")
+        if self.choices is not None and value not in self.choices:
+            raise SpecError(f"{where}: parameter {self.name}={value!r} is not one of {list(self.choices)}")
+        if self.check is not None and not self.check(value):
+            raise SpecError(f"{where}: parameter {self.name}={value!r} must satisfy: {self.rule}")
+        return value
+
+
+def _from_string(text: str, types: tuple[type, ...], where: str) -> Any:
+    low = text.strip().lower()
+    if bool in types and low in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+        return low in ("true", "yes", "1", "on")
+    for t in (int, float):
+        if t in types:
+            try:
+                return t(text)
+            except ValueError:
+                pass
+    raise SpecError(f"{where}: cannot read {text!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    factory: Callable[..., Any]
+    params: tuple[Param, ...]
+    doc: str
+
+    def signature(self) -> str:
+        if not self.params:
+            return self.name
+        return f"{self.name}(" + ", ".join(p.describe() for p in self.params) + ")"
+
+
+def parse_spec(spec: Any) -> tuple[str, dict]:
+    """Split a spec (string, mapping or pair) into ``(name, params)``; values stay as given."""
+    if isinstance(spec, str):
+        name, _, rest = spec.strip().partition(":")
+        params: dict[str, Any] = {}
+        if rest.strip():
+            for item in rest.split(","):
+                key, eq, value = item.partition("=")
+                if not eq or not key.strip():
+                    raise SpecError(f"cannot read parameter {item!r} in {spec!r}; write name:key=value,key=value")
+                params[key.strip()] = value.strip()
+        return name.strip(), params
+    if isinstance(spec, Mapping):
+        if "name" not in spec:
+            raise SpecError(f"a mapping spec needs a 'name' key, got keys {sorted(spec)}")
+        params = dict(spec)
+        return str(params.pop("name")), params
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], Mapping):
+        return spec[0], dict(spec[1])
+    raise SpecError(f"cannot read spec {spec!r}: give a name, 'name:key=value', a mapping with 'name', or a pair")
+
+
+class Registry:
+    """Named, typed constructors for one kind of part (e.g. kernels)."""
+
+    def __init__(self, kind: str, base: type | None = None):
+        self.kind = kind
+        self.base = base
+        self._entries: dict[str, Entry] = {}
+
+    # -- registration -------------------------------------------------------------------------
+    def register(self, name: str, params: Iterable[Param] = (), doc: str = "") -> Callable:
+        """Decorator: ``@KERNELS.register("rbf", [Param("scale", float, None, optional=True)])``."""
+
+        def wrap(factory: Callable) -> Callable:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            text = doc or (factory.__doc__ or "").strip().split("\n")[0]
+            self._entries[name] = Entry(name, factory, tuple(params), text)
+            return factory
+
+        return wrap
+
+    # -- look-up --------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise SpecError(f"unknown {self.kind} {name!r}; accepted: {', '.join(self.names())}") from None
+
+    def validate(self, spec: Any) -> tuple[str, dict]:
+        """Return ``(name, params)`` with every parameter typed and checked, defaults filled in."""
+        name, given = parse_spec(spec)
+        entry = self.entry(name)
+        where = f"{self.kind} {name!r}"
+        known = {p.name: p for p in entry.params}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            accepted = ", ".join(p.describe() for p in entry.params) or "none"
+            raise SpecError(f"{where} has no parameter {', '.join(unknown)}; accepted: {accepted}")
+        out = {}
+        for p in entry.params:
+            if p.name in given:
+                out[p.name] = p.coerce(given[p.name], where)
+            elif p.required:
+                raise SpecError(f"{where} needs parameter {p.describe()}")
+            else:
+                out[p.name] = p.default
+        return name, out
+
+    def create(self, spec: Any, **extra: Any) -> Any:
+        """Build a part from a spec.  ``extra`` are context arguments (sizes, ...) that are not
+        user parameters, e.g. ``d_model`` for a positional scheme; a spec's own parameters win."""
+        if self.base is not None and isinstance(spec, self.base):
+            return spec
+        name, params = self.validate(spec)
+        return self._entries[name].factory(**extra, **params)
+
+    def describe(self) -> str:
+        lines = [f"{self.kind}s:"]
+        for name in self.names():
+            e = self._entries[name]
+            lines.append(f"  {e.signature()}")
+            if e.doc:
+                lines.append(f"      {e.doc}")
+        return "\n".join(lines)
