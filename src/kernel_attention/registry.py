@@ -71,8 +71,6 @@ class Param:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         if isinstance(value, str) and str not in types:
             value = _from_string(value, types, f"{where}: parameter {self.describe()}")
-        if bool in types and not isinstance(value, bool):
-            raise SpecError(f"{where}: parameter {self.describe()} got {value!r}; expected true or false")
         if bool not in types and isinstance(value, bool):
             raise SpecError(f"{where}: parameter {self.describe()} got a boolean {value!r}")
         if float in types and isinstance(value, int) and not isinstance(value, bool):

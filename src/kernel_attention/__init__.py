@@ -1,0 +1,22 @@
+"""kernel-attention: Transformer attention as a kernel smoother (Tsai et al. 2019), with implicit
+kernels (Song et al. 2021), models, training and the papers' studies.
+
+    import kernel_attention as ka
+    out = ka.attention(q, k, v, kernel="rbf", mask="causal")
+    layer = ka.KernelAttention(512, 8, kernel="exp", position="product", filter="causal")
+"""
+
+from kernel_attention.attention import KernelAttention
+from kernel_attention.filters import FILTERS, Filter, make_filter
+from kernel_attention.functional import attention, validation
+from kernel_attention.kernels import KERNELS, Kernel, make_kernel
+from kernel_attention.models.block import TransformerBlock
+from kernel_attention.positions import POSITIONS, make_position
+from kernel_attention.registry import Registry, SpecError
+from kernel_attention.smoother import PositionalTerms
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
+           "Filter", "PositionalTerms", "make_kernel", "make_filter", "make_position", "Registry", "SpecError",
+           "validation", "__version__"]

@@ -1,0 +1,152 @@
+r"""Multi-head kernel attention: the four parts of Transformer Dissection composed in one module.
+
+    attn = KernelAttention(d_model=512, n_heads=8, kernel="rbf", symmetric=True, position="product",
+                           value_position="none", filter="causal")
+    y = attn(x)                               # self-attention, positions 0..T-1
+    y = attn(x_dec, x_enc, pos_q=pd, pos_k=pe) # encoder-decoder attention
+
+Per head h (Transformer Networks Eqs. 1-3, generalised):
+
+    q_i = g_q(f_i, t_i) W_q^h,   k_j = g_k(f_j, t_j) W_k^h      (g = f, or f + t for the direct sum)
+    p_ij = k(x_i, x_j) / sum_{j' in M(i)} k(x_i, x_j')        (kernel x positional factor, filter M)
+    v(x_j) = f_j W_v^h  (Eq. 8)   or   (f_j + t_j) W_v^h (Eq. 7)   [+ Shaw's a^V_{t_i - t_j}]
+    u_i = sum_h W_o^h sum_j p_ij v(x_j)
+
+``symmetric=True`` uses one projection for queries and keys (W_q = W_k), the valid-kernel variant of
+Table 2.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from kernel_attention.encodings import as_positions, make_encoding
+from kernel_attention.filters import make_filter
+from kernel_attention.functional import attention as kernel_attention_fn
+from kernel_attention.kernels import make_kernel
+from kernel_attention.positions import AbsolutePosition, default_positions, make_position
+from kernel_attention.registry import Param, SpecError
+
+__all__ = ["KernelAttention", "VALUE_POSITIONS"]
+
+#: Value functions: "none" = f W_v (Eq. 8), "absolute" = (f + t) W_v (Eq. 7), "relative" = Shaw's a^V.
+VALUE_POSITIONS = ("none", "absolute", "relative")
+_value_param = Param("value_position", (str, bool), choices=VALUE_POSITIONS + (True, False))
+
+
+class KernelAttention(nn.Module):
+    """Multi-head attention whose kernel, positional integration, value function and set filter are
+    chosen by name.
+
+    Args:
+        d_model: model width.
+        n_heads: number of heads H.
+        d_head: per-head width d (default d_model / H).
+        kernel: kernel on the features (``"exp"``, ``"rbf"``, ``"poly"``, ``"linear"``, ``"periodic"``,
+            ... or a spec such as ``"poly:degree=3"``).
+        symmetric: share the query and key projections (W_q = W_k).
+        position: positional scheme (``"none"``, ``"absolute"``, ``"shaw"``, ``"xl"``, ``"product"``).
+        value_position: ``"none"`` / False (Eq. 8, default), ``"absolute"`` / True (Eq. 7) or
+            ``"relative"`` (Shaw's a^V table; ``position="shaw"`` only).
+        filter: the set filter M applied to every call (``"full"``, ``"causal"``, ``"memory"``, ...);
+            a call's ``mask`` / ``key_mask`` are intersected with it.
+        axes: number of position axes (2 for images).
+        dropout: dropout on the attention weights.
+        bias: biases in the four projections (fairseq: True; Transformer-XL: False).
+        kdim: width of the key/value input when it differs from d_model (encoder-decoder).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, d_head: int | None = None, kernel="exp",
+                 symmetric: bool = False, position="none", value_position="none", filter="full",
+                 axes: int = 1, dropout: float = 0.0, bias: bool = True, kdim: int | None = None):
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_head")
+            d_head = d_model // n_heads
+        value_position = _value_param.coerce(value_position, "KernelAttention")
+        value_position = {True: "absolute", False: "none"}.get(value_position, value_position)
+        kdim = d_model if kdim is None else kdim
+        if symmetric and kdim != d_model:
+            raise SpecError("symmetric=True shares W_q and W_k, so keys must have width d_model")
+        self.d_model, self.n_heads, self.d_head, self.axes = d_model, n_heads, d_head, axes
+        self.kernel = make_kernel(kernel)
+        self.filter = make_filter(filter)
+        self.position = make_position(position, d_model=d_model, n_heads=n_heads, d_head=d_head, axes=axes,
+                                      value_position=value_position)
+        if value_position == "relative" and not self.position.relative_value:
+            raise SpecError(f"value_position='relative' needs a relative value table; position "
+                            f"{self.position.name!r} has none (use position='shaw')")
+        self.value_position = value_position
+        if value_position == "absolute":
+            # Eq. 7 needs an absolute t; reuse the direct-sum encoding when there is one.
+            self.value_encoding = (self.position.encoding if isinstance(self.position, AbsolutePosition)
+                                   else make_encoding("sinusoidal", kdim, axes))
+        self.symmetric = symmetric
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = self.q_proj if symmetric else nn.Linear(kdim, n_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(kdim, n_heads * d_head, bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        self.dropout = dropout
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+
+    def project(self, query: Tensor, key: Tensor, pos_q: Tensor, pos_k: Tensor):
+        """Per-head q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, d) and the positional terms."""
+        fq = self.position.inputs(query, pos_q)
+        fk = self.position.inputs(key, pos_k)
+        q, k = self._heads(self.q_proj(fq)), self._heads(self.k_proj(fk))
+        fv = key + self.value_encoding(pos_k).to(key.dtype) if self.value_position == "absolute" else key
+        v = self._heads(self.v_proj(fv))
+        return q, k, v, self.position.terms(q, k, pos_q, pos_k)
+
+    def forward(self, query: Tensor, key: Tensor | None = None, *, pos_q: Tensor | None = None,
+                pos_k: Tensor | None = None, memory: Tensor | None = None, mask=None,
+                key_mask: Tensor | None = None, need_weights: bool = False):
+        """
+        Args:
+            query: (B, Tq, d_model) features f of the queries.
+            key: (B, Tk, kdim) features of the keys/values; None = self-attention on ``query``.
+            pos_q, pos_k: integer positions (T,), (T, A) or (B, T, A).  Default: keys 0..Tk-1, queries
+                aligned to the last Tq keys in self-attention, 0..Tq-1 in cross-attention.
+            memory: (B, M, d_model) cached states prepended to the keys (Transformer-XL); the caller
+                detaches them.  Positions then cover [memory; segment].
+            mask: extra filter for this call (bool tensor, float tensor, Filter or name), intersected
+                with the module's ``filter``.
+            key_mask: (B, Tk) bool, True = real token (padding excluded); covers the memory too.
+            need_weights: also return the (B, H, Tq, Tk) attention weights.
+
+        Returns:
+            (B, Tq, d_model), or ``(output, weights)`` when ``need_weights``.
+        """
+        self_attention = key is None
+        key = query if key is None else key
+        if memory is not None:
+            key = torch.cat([memory, key], dim=1)
+        if query.dim() != 3 or key.dim() != 3:
+            raise ValueError(f"query and key must be (B, T, d_model), got {tuple(query.shape)} and {tuple(key.shape)}")
+        tq, tk = query.shape[1], key.shape[1]
+        if pos_q is None or pos_k is None:
+            dq, dk = default_positions(tq, tk, query.device, self_attention)
+            if self.axes != 1 and (pos_q is None or pos_k is None):
+                raise ValueError(f"with {self.axes} position axes, pass pos_q and pos_k explicitly")
+            pos_q = dq if pos_q is None else pos_q
+            pos_k = dk if pos_k is None else pos_k
+        pos_q = as_positions(pos_q, self.axes, "pos_q")
+        pos_k = as_positions(pos_k, self.axes, "pos_k")
+        if pos_q.shape[1] != tq or pos_k.shape[1] != tk:
+            raise ValueError(f"positions do not match the sequences: pos_q has {pos_q.shape[1]} for Tq={tq}, "
+                             f"pos_k has {pos_k.shape[1]} for Tk={tk}")
+        q, k, v, terms = self.project(query, key, pos_q, pos_k)
+        float_mask = isinstance(mask, Tensor) and mask.is_floating_point()
+        filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
+        bias = mask if float_mask else None
+        out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
+                                  dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights)
+        out, weights = out if need_weights else (out, None)
+        b = query.shape[0]
+        y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))
+        return (y, weights) if need_weights else y

@@ -1,0 +1,307 @@
+r"""Set filtering functions M(x_q, S_k) (Transformer Dissection, Section 2.2.4).
+
+A filter decides which keys each query may see.  It is materialised as a boolean mask of shape
+(Tq, Tk) -- or (B, 1, Tq, Tk) when it depends on the batch -- where ``True`` means *the key takes part*,
+the convention of :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+Sequence filters compare positions on one axis.  When there are fewer queries than keys (a
+Transformer-XL memory in front of the segment, or incremental decoding) queries are aligned to the
+*lower right*: query i sits at key position ``i + (Tk - Tq)``, as ``torch.nn.attention.bias.causal_lower_right``.
+
+Filters compose: ``a & b`` keeps keys both keep (intersection of the sets), ``a | b`` keeps keys either
+keeps (union); the spec ``"causal&local:window=8"`` reads the same (``&`` binds tighter than ``|``).
+They also say what they are (``kind``) so that fast paths can be chosen without looking at the mask.
+
+===============  ======================================================================
+name             M(x_q, S) for query i (aligned position p = i + Tk - Tq), key j
+===============  ======================================================================
+full             every key                                        (encoder self-attention)
+padding          every key that is not padding (needs ``key_mask``)
+cross            every encoder key that is not padding            (encoder-decoder attention)
+causal           j <= p                                           (decoder self-attention, S_1)
+memory           j <= p; with same_length also j > p - mem_len    (Transformer-XL, S_1 + S_mem)
+local            |p - j| <= window
+strided          j <= p and ((p - j) < stride or (p - j) % stride == 0)       (Child et al.)
+fixed            j <= p and (j // stride == p // stride or j % stride >= stride - c)
+===============  ======================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernel_attention.registry import Param, Registry, SpecError
+
+__all__ = ["Filter", "FILTERS", "make_filter", "Full", "Padding", "Causal", "Memory", "Local", "Strided",
+           "Fixed", "MaskFilter", "And", "Or"]
+
+
+class Filter:
+    """A set filtering function.  Subclasses implement :meth:`mask`.
+
+    ``kind`` is ``"full"`` when every key is kept, ``"causal"`` for the lower-right causal set, and
+    ``None`` otherwise; ``needs_key_mask`` says the filter reads the batch's padding mask.
+    """
+
+    name = "filter"
+    kind: str | None = None
+    needs_key_mask = False
+
+    def mask(self, tq: int, tk: int, device=None, key_mask: Tensor | None = None) -> Tensor:
+        """Boolean (Tq, Tk) or (B, 1, Tq, Tk); True = the key takes part."""
+        raise NotImplementedError
+
+    def __and__(self, other: "Filter") -> "Filter":
+        return And(self, make_filter(other))
+
+    def __or__(self, other: "Filter") -> "Filter":
+        return Or(self, make_filter(other))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _grid(tq: int, tk: int, device) -> tuple[Tensor, Tensor]:
+    """Aligned query positions p (Tq, 1) and key positions j (1, Tk)."""
+    p = torch.arange(tk - tq, tk, device=device).unsqueeze(1)
+    j = torch.arange(tk, device=device).unsqueeze(0)
+    return p, j
+
+
+FILTERS = Registry("filter", base=Filter)
+
+
+@FILTERS.register("full")
+class Full(Filter):
+    """Every key takes part (encoder self-attention)."""
+
+    name, kind = "full", "full"
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        return torch.ones(tq, tk, dtype=torch.bool, device=device)
+
+
+@FILTERS.register("padding")
+class Padding(Filter):
+    """Every key that is not padding.  ``key_mask`` (B, Tk), True = real token, comes with the batch
+    or is fixed at construction (``Padding(key_mask)``)."""
+
+    name = "padding"
+    needs_key_mask = True
+
+    def __init__(self, key_mask: Tensor | None = None):
+        self.key_mask = key_mask
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        km = self.key_mask if self.key_mask is not None else key_mask
+        if km is None:
+            raise ValueError("filter 'padding' needs a key mask: pass key_mask=(B, Tk) bool, True = real token")
+        if km.dtype != torch.bool or km.dim() != 2 or km.shape[1] != tk:
+            raise ValueError(f"filter 'padding': key_mask must be bool of shape (B, {tk}), got "
+                             f"{tuple(km.shape)} {km.dtype}")
+        return km[:, None, None, :].expand(km.shape[0], 1, tq, tk).to(device)
+
+    @classmethod
+    def from_lengths(cls, lengths: Tensor, tk: int) -> "Padding":
+        """Padding filter for sequences of the given lengths (B,) padded to Tk."""
+        return cls(torch.arange(tk, device=lengths.device)[None, :] < lengths[:, None])
+
+
+@FILTERS.register("cross")
+class Cross(Padding):
+    """Encoder-decoder attention: every encoder key that is not padding (no key mask = all keys)."""
+
+    name = "cross"
+    needs_key_mask = False
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        if self.key_mask is None and key_mask is None:
+            return torch.ones(tq, tk, dtype=torch.bool, device=device)
+        return super().mask(tq, tk, device, key_mask)
+
+
+@FILTERS.register("causal")
+class Causal(Filter):
+    """Decoder self-attention S_1: key j is kept when j <= p (lower-right aligned)."""
+
+    name, kind = "causal", "causal"
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        p, j = _grid(tq, tk, device)
+        return j <= p
+
+
+@FILTERS.register("memory", [
+    Param("same_length", bool, False, doc="every query sees the same number of keys (TXL evaluation)"),
+    Param("mem_len", int, None, optional=True, check=lambda x: x >= 0,
+          rule=">= 0; default Tk - Tq, the memory present"),
+])
+class Memory(Filter):
+    """Transformer-XL: the segment's causal set plus the cached memory, S_1 + S_mem.
+
+    Keys are ``[memory; segment]`` (Tk = M + Tq).  Query i sees j <= i + M.  With ``same_length``
+    (Transformer-XL's evaluation setting) it also drops the oldest keys so that every query sees the
+    same number of keys (``mem_len`` when the memory is full): exactly TXL's
+    ``triu(ones, 1 + mlen) + tril(ones, -mask_shift_len)``.
+    """
+
+    name = "memory"
+
+    def __init__(self, same_length: bool = False, mem_len: int | None = None):
+        self.same_length, self.mem_len = same_length, mem_len
+        self.kind = None if same_length else "causal"
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        p, j = _grid(tq, tk, device)
+        keep = j <= p
+        if self.same_length:
+            mem_len = tk - tq if self.mem_len is None else self.mem_len
+            # TXL: mask_len = klen - mem_len; shift = qlen - mask_len (or qlen if mask_len <= 0);
+            # key j is dropped for query i when j <= i - shift.
+            mask_len = tk - mem_len
+            shift = tq - mask_len if mask_len > 0 else tq
+            i = torch.arange(tq, device=device).unsqueeze(1)
+            keep = keep & (j > i - shift)
+        return keep
+
+    def __repr__(self):
+        return f"memory(same_length={self.same_length}, mem_len={self.mem_len})"
+
+
+@FILTERS.register("local", [Param("window", int, check=lambda x: x >= 0, rule=">= 0")])
+class Local(Filter):
+    """Keys within ``window`` positions of the query, |p - j| <= window (compose with causal for a
+    one-sided window)."""
+
+    name = "local"
+
+    def __init__(self, window: int):
+        self.window = window
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        p, j = _grid(tq, tk, device)
+        return (p - j).abs() <= self.window
+
+    def __repr__(self):
+        return f"local(window={self.window})"
+
+
+@FILTERS.register("strided", [Param("stride", int, check=lambda x: x >= 1, rule=">= 1")])
+class Strided(Filter):
+    """Sparse Transformer strided pattern (Child et al. 2019): the previous ``stride`` positions and
+    every ``stride``-th position before them; a subset of S_1."""
+
+    name = "strided"
+
+    def __init__(self, stride: int):
+        self.stride = stride
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        p, j = _grid(tq, tk, device)
+        d = p - j
+        return (d >= 0) & ((d < self.stride) | (d % self.stride == 0))
+
+    def __repr__(self):
+        return f"strided(stride={self.stride})"
+
+
+@FILTERS.register("fixed", [
+    Param("stride", int, check=lambda x: x >= 1, rule=">= 1"),
+    Param("c", int, 1, check=lambda x: x >= 1, rule=">= 1, <= stride"),
+])
+class Fixed(Filter):
+    """Sparse Transformer fixed pattern (Child et al. 2019): the query's own block of ``stride``
+    positions, plus the last ``c`` positions of every block ("summary" cells); a subset of S_1."""
+
+    name = "fixed"
+
+    def __init__(self, stride: int, c: int = 1):
+        if c > stride:
+            raise SpecError(f"filter 'fixed': c={c} must be <= stride={stride}")
+        self.stride, self.c = stride, c
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        p, j = _grid(tq, tk, device)
+        same_block = (j // self.stride) == (p // self.stride)
+        summary = (j % self.stride) >= (self.stride - self.c)
+        return (j <= p) & (same_block | summary)
+
+    def __repr__(self):
+        return f"fixed(stride={self.stride}, c={self.c})"
+
+
+class MaskFilter(Filter):
+    """A user's boolean mask, broadcastable to (B, H, Tq, Tk), True = the key takes part."""
+
+    name = "mask"
+
+    def __init__(self, mask: Tensor):
+        if mask.dtype != torch.bool:
+            raise TypeError(f"MaskFilter needs a bool mask, got {mask.dtype}")
+        self.tensor = mask
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        if self.tensor.shape[-2:] not in ((tq, tk), (1, tk), (tq, 1), (1, 1)):
+            raise ValueError(f"mask of shape {tuple(self.tensor.shape)} does not fit (..., Tq={tq}, Tk={tk})")
+        return self.tensor.to(device)
+
+
+class _Combined(Filter):
+    op = "?"
+
+    def __init__(self, a: Filter, b: Filter):
+        self.a, self.b = a, b
+        self.needs_key_mask = a.needs_key_mask or b.needs_key_mask
+
+    def __repr__(self):
+        return f"({self.a!r} {self.op} {self.b!r})"
+
+
+class And(_Combined):
+    """Intersection: keys that both filters keep."""
+
+    op = "&"
+
+    def __init__(self, a, b):
+        super().__init__(a, b)
+        kinds = {a.kind, b.kind}
+        # full & X == X, so the intersection keeps the other side's kind.
+        self.kind = (kinds - {"full"}).pop() if "full" in kinds and len(kinds) == 2 else (
+            a.kind if a.kind == b.kind else None)
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        return self.a.mask(tq, tk, device, key_mask) & self.b.mask(tq, tk, device, key_mask)
+
+
+class Or(_Combined):
+    """Union: keys that either filter keeps."""
+
+    op = "|"
+
+    def __init__(self, a, b):
+        super().__init__(a, b)
+        self.kind = "full" if "full" in (a.kind, b.kind) else (a.kind if a.kind == b.kind else None)
+
+    def mask(self, tq, tk, device=None, key_mask=None):
+        return self.a.mask(tq, tk, device, key_mask) | self.b.mask(tq, tk, device, key_mask)
+
+
+def make_filter(spec) -> Filter:
+    """A filter from a :class:`Filter`, a bool tensor, a name/spec, or a composed string
+    ``"causal&local:window=8|strided:stride=4"`` (``&`` binds tighter than ``|``)."""
+    if isinstance(spec, Filter):
+        return spec
+    if isinstance(spec, Tensor):
+        return MaskFilter(spec)
+    if isinstance(spec, str) and ("|" in spec or "&" in spec):
+        alternatives = [s for s in spec.split("|")]
+        result = None
+        for alt in alternatives:
+            parts = [make_filter(s.strip()) for s in alt.split("&")]
+            term = parts[0]
+            for p in parts[1:]:
+                term = And(term, p)
+            result = term if result is None else Or(result, term)
+        return result
+    return FILTERS.create(spec)

@@ -1,0 +1,142 @@
+r"""``kernel_attention.attention``: the kernel smoother as a function, shaped like PyTorch's
+:func:`~torch.nn.functional.scaled_dot_product_attention`.
+
+    out = attention(q, k, v, kernel="rbf", mask="causal")
+
+q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv).  With ``kernel="exp"`` and no
+positional terms it equals ``scaled_dot_product_attention`` (tested).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+from kernel_attention.filters import Filter, make_filter
+from kernel_attention.kernels import Kernel, make_kernel
+from kernel_attention.smoother import PositionalTerms, dense_smoother
+
+__all__ = ["attention", "resolve_mask", "validation", "check_inputs"]
+
+_VALIDATE = True
+
+
+@contextlib.contextmanager
+def validation(enabled: bool):
+    """Turn the input checks (shapes, NaN/inf) on or off inside a block; they are on by default.
+    The finiteness check reads every input once, which costs a device sync on GPU."""
+    global _VALIDATE
+    old, _VALIDATE = _VALIDATE, enabled
+    try:
+        yield
+    finally:
+        _VALIDATE = old
+
+
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
+    """Raise a clear error for tensors that do not fit (B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims (B, H, T, D), got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"q, k, v must share (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same feature size D: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same number of keys Tk: k {tuple(k.shape)} vs v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if finite:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not torch.isfinite(x).all():
+                raise ValueError(f"{name} contains NaN or inf values")
+
+
+def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
+                 is_causal: bool = False) -> tuple[Tensor | None, Tensor | None, Filter | None]:
+    """Turn ``mask`` (None | bool tensor | float tensor | Filter | name) into
+    (bool keep mask or None, float bias or None, the filter or None), all broadcastable to
+    (B, H, Tq, Tk).  Raises when a tensor does not broadcast."""
+    b, h, tq, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    bias = None
+    filt = None
+    if isinstance(mask, Tensor) and mask.dtype != torch.bool:
+        if not mask.is_floating_point():
+            raise TypeError(f"mask must be bool (True = the key takes part) or float (added to log k), got {mask.dtype}")
+        bias, mask = mask, None
+    if mask is not None:
+        filt = make_filter(mask)
+    if is_causal:
+        filt = make_filter("causal") if filt is None else filt & make_filter("causal")
+    if key_mask is not None:
+        if key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
+            raise ValueError(f"key_mask must be bool of shape (B={b}, Tk={tk}), True = real token; got "
+                             f"{tuple(key_mask.shape)} {key_mask.dtype}")
+    keep = None
+    if filt is not None and not (filt.kind == "full" and key_mask is None):
+        keep = filt.mask(tq, tk, q.device, key_mask)
+    if key_mask is not None and not (filt is not None and filt.needs_key_mask):
+        km = key_mask[:, None, None, :]
+        keep = km if keep is None else keep & km
+    for name, t in (("mask", keep), ("float mask", bias)):
+        if t is not None:
+            try:
+                torch.broadcast_shapes(t.shape, (b, h, tq, tk))
+            except RuntimeError:
+                raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Tq, Tk) = "
+                                 f"{(b, h, tq, tk)}") from None
+            if t.dim() > 4:
+                raise ValueError(f"{name} has {t.dim()} dims; at most 4 (B, H, Tq, Tk) are accepted")
+    return keep, bias, filt
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
+              key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
+              terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
+              backend: str = "dense"):
+    r"""Kernel-smoother attention (Transformer Dissection, Definition 1).
+
+    .. math::  out_i = \sum_{j \in M(i)} \frac{k(q_i, k_j)}{\sum_{j' \in M(i)} k(q_i, k_{j'})} v_j
+
+    Args:
+        q: (B, H, Tq, D) queries; k: (B, H, Tk, D) keys; v: (B, H, Tk, Dv) values.
+        kernel: a kernel name or spec (``"exp"``, ``"rbf"``, ``"poly:degree=3"``, ``"linear"``,
+            ``"periodic"``, ...; see ``kernel_attention.KERNELS``) or a :class:`Kernel`.
+        mask: the set filter M.  A bool tensor broadcastable to (B, H, Tq, Tk) with True = the key takes
+            part (as in PyTorch's fused attention); a float tensor, added to log k (as PyTorch adds a
+            float mask to the logits); a :class:`~kernel_attention.filters.Filter`; or a filter name or
+            composition (``"causal"``, ``"causal&local:window=4"``).
+        key_mask: (B, Tk) bool, True = real token; padding keys are excluded.
+        is_causal: intersect M with the (lower-right aligned) causal set.
+        bias: extra additive log-kernel term broadcastable to (B, H, Tq, Tk), i.e. a multiplicative
+            factor exp(bias) of the kernel (a positional kernel k_T in product form).
+        terms: positional factor in compact form (what :class:`~kernel_attention.KernelAttention`
+            passes); ``bias`` is added to it.
+        dropout_p: dropout on the normalised weights.
+        need_weights: also return the (B, H, Tq, Tk) weights.
+        backend: ``"dense"``, the reference that materialises the kernel matrix.
+
+    Returns:
+        (B, H, Tq, Dv), or ``(output, weights)`` when ``need_weights``.  A query whose filtered set is
+        empty gets zeros (and zero gradient), never NaN.
+    """
+    check_inputs(q, k, v, finite=_VALIDATE)
+    kern = make_kernel(kernel)
+    keep, float_mask, _ = resolve_mask(mask, q, k, key_mask, is_causal)
+    extra = [x for x in (float_mask, bias) if x is not None]
+    if extra:
+        terms = PositionalTerms() if terms is None else terms
+        total = sum(extra[1:], extra[0])
+        terms = PositionalTerms(q_feat=terms.q_feat, k_feat=terms.k_feat, key_bias=terms.key_bias,
+                                relative=terms.relative, value=terms.value,
+                                bias=total if terms.bias is None else terms.bias + total)
+    if backend != "dense":
+        raise ValueError(f"unknown backend {backend!r}; accepted: dense")
+    out, weights = dense_smoother(q, k, v, kern, keep, terms, dropout_p, need_weights)
+    return (out, weights) if need_weights else out

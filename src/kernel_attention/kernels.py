@@ -1,0 +1,207 @@
+r"""Kernels k(·,·) on the non-positional features (Transformer Dissection, Section 2.2.2 and Table 2).
+
+Every kernel acts on per-head projected features ``q = f_q W_q`` of shape (B, H, Tq, D) and
+``k = f_k W_k`` of shape (B, H, Tk, D) and returns a (B, H, Tq, Tk) matrix.  Two families:
+
+* **positive kernels** (``positive = True``) return ``log k``.  The smoother takes a soft-max of
+  ``log k`` over the filtered set, which *is* the kernel smoother of Definition 1 done in log space,
+  and lets every exponential-family kernel run on fused soft-max attention.
+* **direct kernels** (``positive = False``: polynomial, linear) return ``k`` itself, since ``k`` can be
+  zero or negative and has no logarithm; the smoother normalises them directly, ``k / Σ k``.
+
+The symmetric form of Table 2 (``W_q = W_k``) is a property of the projections, not of the kernel:
+see :class:`kernel_attention.attention.KernelAttention` (``symmetric=True``).  With it, every kernel
+here gives a positive semi-definite Gram matrix (``psd = True``).
+
+Formulas (d = D, the per-head dimension):
+
+=========  =========================================================  ==========================
+name       k(a, b)                                                    notes
+=========  =========================================================  ==========================
+exp        exp(<a,b> / sqrt(d))                                       Eq. 3, Vaswani et al.
+rbf        exp(-||a-b||^2 / sqrt(d))                                  no factor 2, as in Table 2
+poly       <a,b>^degree                                               homogeneous, no sqrt(d)
+linear     <a,b>                                                      may be negative
+periodic   exp(-(2/l^2) sum_i sin^2(pi (a_i - b_i) / p))              exp-sine-squared, per axis
+=========  =========================================================  ==========================
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from kernel_attention.registry import Param, Registry
+
+__all__ = ["Kernel", "KERNELS", "make_kernel", "ExpKernel", "RBFKernel", "PolyKernel", "LinearKernel",
+           "PeriodicKernel"]
+
+
+class Kernel(nn.Module):
+    """Base class of a kernel on per-head features.
+
+    Subclasses set ``positive`` and implement :meth:`log_kernel` (positive kernels) or :meth:`kernel`
+    (direct kernels).  ``psd`` says whether the kernel is positive semi-definite when both arguments
+    come from the same projection (the symmetric form).
+    """
+
+    name: str = "kernel"
+    positive: bool = True
+    psd: bool = True
+
+    def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        """log k(q_i, k_j): (B, H, Tq, D), (B, H, Tk, D) -> (B, H, Tq, Tk)."""
+        raise NotImplementedError(f"kernel {self.name!r} is not positive; use .kernel()")
+
+    def kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        """k(q_i, k_j): (B, H, Tq, D), (B, H, Tk, D) -> (B, H, Tq, Tk)."""
+        return self.log_kernel(q, k).exp()
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.hparams().items())
+
+    def hparams(self) -> dict:
+        return {}
+
+
+def _default_scale(scale: float | None, d: int) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else scale
+
+
+KERNELS = Registry("kernel", base=Kernel)
+
+_scale = Param("scale", float, None, optional=True, doc="multiplier of the exponent",
+               check=lambda x: x > 0, rule="> 0; default 1/sqrt(d)")
+
+
+@KERNELS.register("exp", [_scale])
+class ExpKernel(Kernel):
+    """Exponential kernel exp(<a,b>·scale), scale = 1/sqrt(d) by default (Vaswani et al.)."""
+
+    name = "exp"
+
+    def __init__(self, scale: float | None = None):
+        super().__init__()
+        self.scale = scale
+
+    def hparams(self) -> dict:
+        return {"scale": self.scale}
+
+    def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(q, k.transpose(-1, -2)) * _default_scale(self.scale, q.shape[-1])
+
+
+@KERNELS.register("rbf", [_scale])
+class RBFKernel(Kernel):
+    """RBF kernel exp(-||a-b||^2·scale), scale = 1/sqrt(d) by default (Table 2: no factor 2).
+
+    Computed as scale·(2<a,b> - ||a||^2 - ||b||^2), clamped so rounding never makes a squared distance
+    negative.  The ||a||^2 term is constant along a row and cancels in the smoother, but it is kept so
+    that ``log_kernel`` is the kernel itself.
+    """
+
+    name = "rbf"
+
+    def __init__(self, scale: float | None = None):
+        super().__init__()
+        self.scale = scale
+
+    def hparams(self) -> dict:
+        return {"scale": self.scale}
+
+    def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        sq = q.pow(2).sum(-1, keepdim=True)  # (B, H, Tq, 1)
+        sk = k.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, Tk)
+        dist2 = (sq + sk - 2 * torch.matmul(q, k.transpose(-1, -2))).clamp_min(0)
+        return -dist2 * _default_scale(self.scale, q.shape[-1])
+
+
+@KERNELS.register("periodic", [
+    Param("period", float, None, optional=True, check=lambda x: x > 0,
+          rule="> 0; default pi*sqrt(2)*d^(1/4)"),
+    Param("lengthscale", float, 1.0, check=lambda x: x > 0, rule="> 0"),
+])
+class PeriodicKernel(Kernel):
+    r"""Periodic (exp-sine-squared) kernel, one factor per feature axis:
+
+        k(a, b) = exp( -(2 / l^2) · sum_i sin^2( pi (a_i - b_i) / p ) )
+
+    a product of the one-dimensional periodic kernels, hence PSD on R^d.  Since
+    2 sin^2(x/2) = 1 - cos x, its log is an inner product of Fourier features,
+
+        log k(a, b) = ( <phi(a), phi(b)> - d ) / l^2,   phi(x) = [cos(2 pi x / p), sin(2 pi x / p)],
+
+    which is how it is computed (and what lets it run on fused attention).  The default period
+    p = pi·sqrt(2)·d^(1/4) with l = 1 makes it agree with ``rbf`` to second order at a = b.
+    """
+
+    name = "periodic"
+
+    def __init__(self, period: float | None = None, lengthscale: float = 1.0):
+        super().__init__()
+        self.period = period
+        self.lengthscale = lengthscale
+
+    def hparams(self) -> dict:
+        return {"period": self.period, "lengthscale": self.lengthscale}
+
+    def resolved_period(self, d: int) -> float:
+        return math.pi * math.sqrt(2.0) * d ** 0.25 if self.period is None else self.period
+
+    def features(self, x: Tensor) -> Tensor:
+        """phi(x): (..., D) -> (..., 2D)."""
+        angle = x * (2 * math.pi / self.resolved_period(x.shape[-1]))
+        return torch.cat([angle.cos(), angle.sin()], dim=-1)
+
+    def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        d = q.shape[-1]
+        inner = torch.matmul(self.features(q), self.features(k).transpose(-1, -2))
+        return (inner - d) / self.lengthscale ** 2
+
+
+@KERNELS.register("poly", [
+    Param("degree", int, 2, check=lambda x: x >= 1, rule=">= 1"),
+])
+class PolyKernel(Kernel):
+    """Homogeneous polynomial kernel <a,b>^degree (Table 2: degree 2, no constant, no sqrt(d)).
+
+    Normalised directly by the smoother.  Even degrees are non-negative (and PSD); odd degrees can be
+    negative, like ``linear``.
+    """
+
+    name = "poly"
+    positive = False
+
+    def __init__(self, degree: int = 2):
+        super().__init__()
+        self.degree = degree
+        self.psd = True  # <a,b>^n = <a^(x)n, b^(x)n> is a Gram matrix for every n
+
+    def hparams(self) -> dict:
+        return {"degree": self.degree}
+
+    def kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(q, k.transpose(-1, -2)).pow(self.degree)
+
+
+@KERNELS.register("linear")
+class LinearKernel(Kernel):
+    """Linear kernel <a,b> (Table 2).  No scale: any scale cancels in k / sum k.
+
+    It takes negative values, so the "probabilities" k / sum k can be negative or blow up when the
+    normaliser nears zero; Transformer Dissection reports that it does not converge.  The smoother
+    reproduces that faithfully (see :func:`kernel_attention.smoother.normalise_direct`).
+    """
+
+    name = "linear"
+    positive = False
+
+    def kernel(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(q, k.transpose(-1, -2))
+
+
+def make_kernel(spec) -> Kernel:
+    """A kernel from a name, ``"name:key=value"``, a mapping, or a :class:`Kernel` instance."""
+    return KERNELS.create(spec)

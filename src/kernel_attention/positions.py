@@ -1,0 +1,237 @@
+r"""How positions t enter the kernel (Transformer Dissection, Section 2.2.2 and Eq. 9).
+
+x = (f, t): f is the non-positional feature, t the position.  A positional scheme is built per
+attention layer and is handed f and the integer positions at *every* layer, so f and t stay separate
+through the whole network.  It acts in one (or both) of two places:
+
+* ``inputs(f, pos)``: before the projections -- the direct sum f + t of Eq. 4;
+* ``terms(q, k, pos_q, pos_k)``: a positional factor of a product kernel, returned as
+  :class:`~kernel_attention.smoother.PositionalTerms` holding log k_T.
+
+With d the per-head dimension, r = t_q - t_k the relative distance (per axis) and q, k the per-head
+projected features:
+
+========  ====================================================================  ==================
+name      kernel                                                                 paper
+========  ====================================================================  ==================
+none      k_F(f_q, f_k)                                                          sets (X = F)
+absolute  k_F(f_q + t_q, f_k + t_k), t sinusoidal or learned                     Eq. 4, Vaswani
+shaw      k_F(f_q, f_k) · exp(q·a^K_{clip(r)} / sqrt(d))                         Eq. 6, Shaw et al.
+xl        k_F(f_q, f_k) · exp((u·k + (q + v)·W_R R_r) / sqrt(d))                 Eq. 5, Dai et al.
+product   k_F(f_q, f_k) · exp(<t_q W_T, t_k W_T> / sqrt(d))                      Eq. 9, Tsai et al.
+========  ====================================================================  ==================
+
+With several position axes (e.g. height x width), ``shaw``, ``xl`` and ``product`` multiply one
+positional kernel per axis (their logs add); ``absolute`` gives each axis its share of the encoding.
+Relative schemes never build a (T, T, d) tensor: they project the R distinct distances once, form
+(Tq, R) logits and gather them with a (Tq, Tk) index.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from kernel_attention.encodings import as_positions, make_encoding, sinusoid
+from kernel_attention.registry import Param, Registry
+from kernel_attention.smoother import PositionalTerms
+
+__all__ = ["PositionScheme", "POSITIONS", "make_position", "NoPosition", "AbsolutePosition", "ShawPosition",
+           "XLPosition", "ProductPosition", "relative_distance"]
+
+
+def relative_distance(pos_q: Tensor, pos_k: Tensor) -> Tensor:
+    """t_q - t_k per axis: (Bp, Tq, A), (Bp, Tk, A) -> (Bp, Tq, Tk, A)."""
+    return pos_q[:, :, None, :] - pos_k[:, None, :, :]
+
+
+class PositionScheme(nn.Module):
+    """Base class.  ``absolute``: whether the scheme changes the inputs (direct sum);
+    ``relative_value``: whether it can add a relative term to the value function."""
+
+    name = "none"
+    relative_value = False
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, axes: int = 1):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head, self.axes = d_model, n_heads, d_head, axes
+
+    def inputs(self, f: Tensor, pos: Tensor) -> Tensor:
+        """Features entering the projections: (B, T, d_model) -> (B, T, d_model)."""
+        return f
+
+    def terms(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor) -> PositionalTerms | None:
+        """log k_T for per-head q (B, H, Tq, d), k (B, H, Tk, d); positions (Bp, T, A) integer."""
+        return None
+
+
+POSITIONS = Registry("position", base=PositionScheme)
+
+
+@POSITIONS.register("none")
+class NoPosition(PositionScheme):
+    """No positional information: the kernel sees f alone (X = F; sets, or Table 3's "no PE")."""
+
+
+@POSITIONS.register("absolute", [
+    Param("encoding", str, "sinusoidal", choices=("sinusoidal", "learned")),
+    Param("max_len", int, 1024, check=lambda x: x > 0, rule="> 0; learned encodings only"),
+])
+class AbsolutePosition(PositionScheme):
+    """Direct sum (Eq. 4): the kernel sees f + t, t sinusoidal (Vaswani) or learned (Gehring, fairseq)."""
+
+    name = "absolute"
+
+    def __init__(self, d_model, n_heads, d_head, axes=1, encoding="sinusoidal", max_len=1024):
+        super().__init__(d_model, n_heads, d_head, axes)
+        self.encoding = make_encoding(encoding, d_model, axes, max_len)
+
+    def inputs(self, f, pos):
+        return f + self.encoding(pos).to(f.dtype)
+
+
+@POSITIONS.register("shaw", [
+    Param("clip", int, 16, check=lambda x: x >= 1, rule=">= 1; relative distances are clipped to [-clip, clip]"),
+])
+class ShawPosition(PositionScheme):
+    """Look-up table (Eq. 6, Shaw et al. 2018): log L = q·a^K_{clip(t_q - t_k)} / sqrt(d).
+
+    a^K has 2·clip + 1 rows of size d, shared across heads (as in tensor2tensor), one table per axis.
+    A large ``clip`` gives Transformer Dissection's reading (a table as wide as the sequence); 16 or
+    20 gives Shaw's.  With ``value_position="relative"`` a second table a^V adds
+    sum_j p_ij a^V_{clip(t_q - t_k)} to the output, as in Shaw et al.
+    """
+
+    name = "shaw"
+    relative_value = True
+
+    def __init__(self, d_model, n_heads, d_head, axes=1, clip=16, value_position="none"):
+        super().__init__(d_model, n_heads, d_head, axes)
+        self.clip = clip
+        self.key_tables = nn.ParameterList(nn.Parameter(torch.randn(2 * clip + 1, d_head) * d_head ** -0.5)
+                                           for _ in range(axes))
+        self.value_tables = None
+        if value_position == "relative":
+            self.value_tables = nn.ParameterList(nn.Parameter(torch.randn(2 * clip + 1, d_head) * d_head ** -0.5)
+                                                 for _ in range(axes))
+
+    def index(self, pos_q: Tensor, pos_k: Tensor) -> Tensor:
+        """Row of the table for each (query, key) pair: (Bp, Tq, Tk, A) long in [0, 2·clip]."""
+        return relative_distance(pos_q, pos_k).clamp(-self.clip, self.clip).long() + self.clip
+
+    def terms(self, q, k, pos_q, pos_k):
+        idx = self.index(pos_q, pos_k)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        rel = [(torch.matmul(q, table.to(q.dtype).t()) * scale, idx[..., a])
+               for a, table in enumerate(self.key_tables)]
+        value = []
+        if self.value_tables is not None:
+            value = [(table, idx[..., a]) for a, table in enumerate(self.value_tables)]
+        return PositionalTerms(relative=rel, value=value)
+
+
+@POSITIONS.register("xl", [
+    Param("clamp_len", int, None, optional=True, check=lambda x: x > 0,
+          rule="> 0; distances beyond it use the embedding of clamp_len (TXL evaluation)"),
+])
+class XLPosition(PositionScheme):
+    r"""Transformer-XL product kernel (Eq. 5; Dai et al. 2019, ``RelPartialLearnableMultiHeadAttn``):
+
+        log k = [ q·k  +  u·k  +  (q + v)·W_R R_{t_q - t_k} ] / sqrt(d)
+
+    The content term q·k is the feature kernel k_F (exp by default; any kernel can replace it); this
+    scheme contributes the rest: the global content bias u·k and the position term with the global
+    position bias v.  R is the sinusoid of the relative distance (d_model features), W_R a per-layer
+    projection without bias.  u and v are (H, d) and, as in Transformer-XL, shared by all layers when a
+    model calls :meth:`share_biases`.  Computing the (Tq, R) position logits and gathering them is the
+    same as TXL's ``_rel_shift`` (tested against it).
+    """
+
+    name = "xl"
+
+    def __init__(self, d_model, n_heads, d_head, axes=1, clamp_len=None):
+        super().__init__(d_model, n_heads, d_head, axes)
+        self.clamp_len = clamp_len
+        self.r_net = nn.ModuleList(nn.Linear(d_model, n_heads * d_head, bias=False) for _ in range(axes))
+        self.u = nn.Parameter(torch.randn(n_heads, d_head) * 0.02)
+        self.v = nn.Parameter(torch.randn(n_heads, d_head) * 0.02)
+
+    def share_biases(self, u: nn.Parameter, v: nn.Parameter) -> None:
+        """Use the given (H, d) biases, e.g. one pair shared by every layer of a model."""
+        if u.shape != (self.n_heads, self.d_head) or v.shape != (self.n_heads, self.d_head):
+            raise ValueError(f"xl biases must have shape ({self.n_heads}, {self.d_head})")
+        self.u, self.v = u, v
+
+    def terms(self, q, k, pos_q, pos_k):
+        d = q.shape[-1]
+        scale = 1.0 / math.sqrt(d)
+        key_bias = torch.einsum("hd,bhkd->bhk", self.u.to(q.dtype), k).unsqueeze(-2) * scale
+        qv = (q + self.v.to(q.dtype)[None, :, None, :]) * scale
+        dist = relative_distance(pos_q, pos_k).long()
+        rel = []
+        for a, r_net in enumerate(self.r_net):
+            lo, hi = int(dist[..., a].min()), int(dist[..., a].max())
+            distances = torch.arange(lo, hi + 1, device=q.device)
+            if self.clamp_len is not None:
+                distances = distances.clamp(-self.clamp_len, self.clamp_len)
+            r = r_net(sinusoid(distances, self.d_model).to(q.dtype))  # (R, H·d)
+            r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
+            rel.append((torch.matmul(qv, r.transpose(-1, -2)), dist[..., a] - lo))
+        return PositionalTerms(key_bias=key_bias, relative=rel)
+
+
+@POSITIONS.register("product", [
+    Param("encoding", str, "sinusoidal", choices=("sinusoidal", "learned")),
+    Param("max_len", int, 1024, check=lambda x: x > 0, rule="> 0; learned encodings only"),
+])
+class ProductPosition(PositionScheme):
+    r"""Symmetric product kernel (Eq. 9, Tsai et al. 2019): k = k_F(f_q, f_k) · k_T(t_q, t_k) with
+
+        k_T(t_q, t_k) = exp(<t_q W_T, t_k W_T> / sqrt(d)),
+
+    t the absolute sinusoid (d_model features), W_T shared by the query and key sides (symmetric, so
+    k_T is a valid kernel); no u/v biases.  One W_T per axis, their kernels multiplied.  In
+    encoder-decoder attention t_q is the decoder position and t_k the encoder position.
+    """
+
+    name = "product"
+
+    def __init__(self, d_model, n_heads, d_head, axes=1, encoding="sinusoidal", max_len=1024):
+        super().__init__(d_model, n_heads, d_head, axes)
+        # Each axis has a full d_model encoding of its own coordinate (hence axes=1 per encoder).
+        self.encodings = nn.ModuleList(make_encoding(encoding, d_model, 1, max_len) for _ in range(axes))
+        self.w_t = nn.ModuleList(nn.Linear(d_model, n_heads * d_head, bias=False) for _ in range(axes))
+
+    def project(self, pos: Tensor, dtype) -> Tensor:
+        """t W_T for every axis, concatenated: (Bp, T, A) -> (Bp, H, T, A·d)."""
+        parts = []
+        for a, (enc, w) in enumerate(zip(self.encodings, self.w_t)):
+            t = w(enc(pos[..., a:a + 1]).to(dtype))  # (Bp, T, H·d)
+            parts.append(t.view(t.shape[0], t.shape[1], self.n_heads, self.d_head).transpose(1, 2))
+        return torch.cat(parts, dim=-1)
+
+    def terms(self, q, k, pos_q, pos_k):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        return PositionalTerms(q_feat=self.project(pos_q, q.dtype) * scale, k_feat=self.project(pos_k, q.dtype))
+
+
+def make_position(spec, *, d_model: int, n_heads: int, d_head: int, axes: int = 1,
+                  value_position: str = "none") -> PositionScheme:
+    """A positional scheme from its spec, sized for one attention layer."""
+    if isinstance(spec, PositionScheme):
+        return spec
+    extra = dict(d_model=d_model, n_heads=n_heads, d_head=d_head, axes=axes)
+    name, _ = POSITIONS.validate(spec)
+    if name == "shaw":
+        extra["value_position"] = value_position
+    return POSITIONS.create(spec, **extra)
+
+
+def default_positions(tq: int, tk: int, device, self_attention: bool) -> tuple[Tensor, Tensor]:
+    """Positions when none are given: keys 0..Tk-1; queries aligned to the last Tq keys in
+    self-attention (a memory sits in front of the segment), 0..Tq-1 in cross-attention."""
+    pk = torch.arange(tk, device=device)
+    pq = torch.arange(tk - tq, tk, device=device) if self_attention else torch.arange(tq, device=device)
+    return as_positions(pq, 1), as_positions(pk, 1)

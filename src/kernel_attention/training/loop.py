@@ -1,0 +1,420 @@
+"""One training loop for every task family: :class:`Trainer` driven by a :class:`TrainConfig`.
+
+    trainer = Trainer(task, TrainConfig(max_steps=1000, lr=5e-4, schedule="inverse_sqrt:warmup=4000"),
+                      run_dir="runs/x")
+    summary = trainer.fit()
+
+What one optimiser *step* (update) does, with ``n = accum_steps`` micro-batches ``b_1..b_n`` from
+``task.train_batches(epoch, rank, world_size)``::
+
+    lr = schedule(step)                                 # step = updates made so far
+    for i, b in enumerate(group):                       # DDP gradient sync only on the last (no_sync)
+        with autocast(bf16|fp16 on CUDA; off on CPU):
+            loss, logs = task.loss(model, b)
+            loss += regularization_weight * model.regularization()     # only if the model has it
+        scaler.scale(loss / len(group)).backward()      # mean over micro-batches = one big batch
+    unscale; clip_grad_norm_(clip_norm) if clip_norm > 0; optimizer.step(); step += 1
+
+then, on multiples of ``log_every`` / ``eval_every`` / ``checkpoint_every`` steps: a ``train`` record in
+``metrics.jsonl``, ``task.evaluate(model, "valid")`` (+ ``best.pt`` if it improved
+``task.metric_for_selection``), ``last.pt``.  Training stops at ``max_steps`` updates or after
+``max_epochs`` epochs, whichever comes first; then "valid" and "test" are evaluated, ``last.pt`` is
+written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
+
+Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
+"valid" | "test", <metrics>, "wall_s"}``; final records have ``"final": true``, the best checkpoint's test
+record ``"checkpoint": "best"``), ``last.pt``, ``best.pt`` (see :mod:`.checkpoint`), and TensorBoard event
+files when ``tensorboard=True`` and it is installed.
+
+Exact resume: with ``resume=True`` and a ``last.pt`` in ``run_dir``, the trainer restores weights,
+optimiser, scaler, every RNG (per rank), the step, the epoch and the micro-batch position inside it,
+drops ``metrics.jsonl`` lines written after that checkpoint, and continues; the result is identical to an
+uninterrupted run.  ``stop_after`` (or env ``KA_STOP_AFTER``) ends :meth:`Trainer.fit` right after that
+many updates *without* writing anything more, which is how tests simulate a kill.
+
+Precision ``"bf16"``/``"fp16"`` use ``torch.autocast`` on CUDA (fp16 with a ``GradScaler``); on CPU they fall
+back to fp32 with a warning.  Optimisers: ``"adam"`` (``torch.optim.Adam``, L2 weight decay added to the
+gradient) and ``"adamw"`` (decoupled weight decay; this is what fairseq's ``--optimizer adam
+--weight-decay`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from kernel_attention.training import distributed as D
+from kernel_attention.training.checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state
+from kernel_attention.training.schedules import SCHEDULES
+from kernel_attention.training.task import Task, unwrap
+
+__all__ = ["TrainConfig", "Trainer", "seed_everything", "TIMING_KEYS"]
+
+#: keys of metrics.jsonl records that depend on wall-clock time (everything else is reproducible)
+TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything the loop needs; the ``train:`` section of a YAML config maps onto these fields."""
+
+    seed: int = 0
+    max_steps: int | None = None        # optimiser updates; at least one of max_steps / max_epochs
+    max_epochs: int | None = None
+    optimizer: str = "adam"             # "adam" | "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: Any = "constant"          # a SCHEDULES spec: "inverse_sqrt:warmup=4000", {"name": "cosine"}, ...
+    clip_norm: float = 0.0              # max global grad norm; 0 = no clipping
+    accum_steps: int = 1                # micro-batches per update
+    precision: str = "fp32"             # "fp32" | "bf16" | "fp16"
+    regularization_weight: float = 1.0  # weight of model.regularization() when the model has one
+    log_every: int = 1                  # steps between "train" records
+    eval_every: int = 0                 # steps between "valid" evaluations; 0 = only at the end
+    checkpoint_every: int = 0           # steps between last.pt writes; 0 = only at the end
+    test_best: bool = True              # at the end, also evaluate best.pt on "test"
+    progress: bool | None = None        # tqdm bar; None = only on a TTY, rank 0
+    tensorboard: bool = False
+    device: str | None = None           # None = cuda:LOCAL_RANK if available else cpu
+    stop_after: int | None = None       # simulate a kill after this global step (tests)
+
+    def __post_init__(self):
+        if self.max_steps is None and self.max_epochs is None:
+            raise ValueError("TrainConfig needs max_steps or max_epochs")
+        if self.optimizer not in ("adam", "adamw"):
+            raise ValueError(f"optimizer {self.optimizer!r} is not one of ['adam', 'adamw']")
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision {self.precision!r} is not one of ['fp32', 'bf16', 'fp16']")
+        if self.accum_steps < 1:
+            raise ValueError(f"accum_steps must be >= 1, got {self.accum_steps}")
+        self.betas = tuple(float(b) for b in self.betas)
+        SCHEDULES.validate(self.schedule)  # fail before any work on a bad schedule name / parameter
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """Build from a config section; unknown keys fail naming the accepted ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"unknown train option(s) {', '.join(unknown)}; accepted: {', '.join(names)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's global and torch's (CPU and CUDA) generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Trains ``task``'s model under ``config``, writing into ``run_dir`` (see the module docstring).
+
+    ``resume=True`` continues from ``run_dir/last.pt`` when it exists.  ``extra`` is stored in every
+    checkpoint under ``"extra"`` (e.g. the model/task config needed to rebuild the model later).
+    Attributes after construction: ``model`` (possibly DDP-wrapped), ``raw_model``, ``optimizer``,
+    ``schedule``, ``step``, ``epoch``, ``position``, ``best``, ``info`` (:class:`~.distributed.DistInfo`).
+    """
+
+    def __init__(self, task: Task, config: TrainConfig, run_dir: str | os.PathLike, resume: bool = True,
+                 extra: dict[str, Any] | None = None):
+        self.task, self.config, self.run_dir, self.extra = task, config, Path(run_dir), dict(extra or {})
+        self.info = D.setup(config.device)
+        self.device = self.info.device
+        self.is_main = self.info.rank == 0
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        self.precision = config.precision
+        if self.precision != "fp32" and self.device.type != "cuda":
+            warnings.warn(f"precision {self.precision!r} needs CUDA; training in fp32 on {self.device}")
+            self.precision = "fp32"
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+
+        seed_everything(config.seed)  # the initial weights depend on the seed only
+        self.raw_model: nn.Module = task.build_model().to(self.device)
+        task.device = self.device
+        seed_everything(config.seed + self.info.rank)  # dropout etc. differ per rank
+
+        cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = cls(self.raw_model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
+                             weight_decay=config.weight_decay)
+        self.schedule = SCHEDULES.create(config.schedule, lr=config.lr, max_steps=config.max_steps)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+
+        self.step, self.epoch, self.position = 0, 0, 0
+        self.best: dict[str, Any] = {"metric": task.metric_for_selection, "value": None, "step": None}
+        self.finished = False
+        self.resumed_from: int | None = None
+        if resume and (self.run_dir / "last.pt").is_file():
+            self._restore(load_checkpoint(self.run_dir / "last.pt", map_location=self.device))
+        self.model = D.wrap_model(self.raw_model, self.device)
+        self._writer = None
+        self._last_eval: tuple[int, dict] | None = None
+        self._last_eval_step: int | None = None
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state(self, rng: list[dict] | None = None) -> dict[str, Any]:
+        return {
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": {"spec": self.config.schedule, "lr": self.schedule(max(self.step - 1, 0))},
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "rng": rng if rng is not None else [get_rng_state()],
+            "step": self.step, "epoch": self.epoch, "position": self.position,
+            "best": dict(self.best), "finished": self.finished,
+            "config": self.config.to_dict(), "extra": self.extra,
+        }
+
+    def save(self, name: str = "last.pt") -> None:
+        """Write ``run_dir/name``; a collective call (every rank contributes its RNG state)."""
+        rng = D.all_gather_object(get_rng_state())
+        if self.is_main:
+            save_checkpoint(self.run_dir / name, self.state(rng))
+        D.barrier()
+
+    def _restore(self, ck: dict[str, Any]) -> None:
+        self.raw_model.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        if ck.get("scaler") is not None and self.scaler.is_enabled():
+            self.scaler.load_state_dict(ck["scaler"])
+        rngs = ck["rng"]
+        if len(rngs) != self.info.world_size:
+            warnings.warn(f"checkpoint holds RNG states of {len(rngs)} ranks, running with "
+                          f"{self.info.world_size}: resume is not bit-exact")
+        set_rng_state(rngs[self.info.rank % len(rngs)])
+        self.step, self.epoch, self.position = ck["step"], ck["epoch"], ck["position"]
+        self.best, self.finished = dict(ck["best"]), bool(ck.get("finished", False))
+        self.resumed_from = self.step
+        if self.is_main:
+            self._truncate_metrics(self.step)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Forget records written after the checkpoint (by a run that was killed later)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+
+    # -- logging ----------------------------------------------------------------------------------
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one record to metrics.jsonl (rank 0 only) and to TensorBoard if enabled."""
+        if not self.is_main:
+            return
+        record = {"step": self.step, "epoch": self.epoch, **record, "wall_s": round(time.time() - self._t0, 3)}
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            split = record.get("split", "train")
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch"):
+                    self._writer.add_scalar(f"{split}/{k}", v, self.step)
+
+    def _open_tensorboard(self) -> None:
+        if not (self.config.tensorboard and self.is_main):
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            warnings.warn("tensorboard=True but TensorBoard is not installed; logging to metrics.jsonl only")
+            return
+        self._writer = SummaryWriter(str(self.run_dir / "tb"))
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def evaluate(self, split: str, model: nn.Module | None = None) -> dict[str, float]:
+        """``task.evaluate`` in eval mode without gradients, leaving every RNG as it found it."""
+        model = model if model is not None else self.raw_model
+        rng = get_rng_state()
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                out = self.task.evaluate(model, split)
+        finally:
+            model.train(was_training)
+            set_rng_state(rng)
+        return {k: float(v) for k, v in out.items()}
+
+    def _validate(self, final: bool = False) -> None:
+        """Rank 0 evaluates "valid", logs it and keeps best.pt; the others wait."""
+        self._last_eval_step = self.step
+        if self.is_main:
+            m = self.evaluate("valid")
+            self._last_eval = (self.step, m)
+            self.log({"split": "valid", **m, **({"final": True} if final else {})})
+            key = self.task.metric_for_selection
+            if key not in m:
+                raise KeyError(f"task.evaluate(model, 'valid') returned {sorted(m)}, "
+                               f"which lacks metric_for_selection {key!r}")
+            v, old = m[key], self.best["value"]
+            better = old is None or (v > old if self.task.higher_is_better else v < old)
+            if better:
+                self.best = {"metric": key, "value": v, "step": self.step}
+                save_checkpoint(self.run_dir / "best.pt", self.state())  # rank 0's RNG only
+        D.barrier()
+
+    # -- training ---------------------------------------------------------------------------------
+    def _done(self) -> bool:
+        c = self.config
+        return (c.max_steps is not None and self.step >= c.max_steps) or (
+            c.max_epochs is not None and self.epoch >= c.max_epochs)
+
+    def _update(self, group: list[Any]) -> dict[str, float]:
+        """One optimiser step over the micro-batches of ``group``; returns the rank-local logs."""
+        model, n = self.model, len(group)
+        lr = self.schedule(self.step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        reg_fn = getattr(self.raw_model, "regularization", None)
+        sums: dict[str, float] = {}
+        loss_sum = torch.zeros((), device=self.device)
+        tokens = 0
+        for i, batch in enumerate(group):
+            sync = i == n - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
+            with (contextlib.nullcontext() if sync else model.no_sync()):
+                with self._autocast():
+                    loss, logs = self.task.loss(model, batch)
+                    total = loss
+                    if callable(reg_fn):
+                        reg = reg_fn()
+                        total = loss + self.config.regularization_weight * reg
+                        logs = {**logs, "regularization": float(reg.detach())}
+                self.scaler.scale(total / n).backward()
+            loss_sum += loss.detach().float()
+            for k, v in logs.items():
+                sums[k] = sums.get(k, 0.0) + float(v) / n
+            t = self.task.batch_tokens(batch)
+            tokens += int(t) if t is not None else 0
+        out = {"loss": loss_sum / n, **sums}
+        if self.config.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            out["grad_norm"] = nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.config.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.position += n
+        out["lr"] = lr
+        self._tokens = tokens
+        return out
+
+    def _progress(self):
+        c = self.config
+        enabled = c.progress if c.progress is not None else sys.stderr.isatty()
+        total = c.max_steps
+        nb = self.task.num_batches(self.epoch, self.info.rank, self.info.world_size)
+        if c.max_epochs is not None and nb is not None:
+            by_epochs = c.max_epochs * math.ceil(nb / c.accum_steps)
+            total = min(total, by_epochs) if total is not None else by_epochs
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=self.step, disable=not (enabled and self.is_main), unit="step",
+                    dynamic_ncols=True)
+
+    def fit(self) -> dict[str, Any]:
+        """Train until max_steps / max_epochs (or ``stop_after``); returns a summary dict with ``step``,
+        ``epoch``, ``best``, ``final`` ({split: metrics}), ``best_test`` and ``interrupted``."""
+        c = self.config
+        self._t0 = time.time()
+        summary: dict[str, Any] = {"final": {}, "best_test": None, "interrupted": False}
+        if self.finished and self._done():
+            return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
+        stop_after = c.stop_after if c.stop_after is not None else (
+            int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
+        self._open_tensorboard()
+        bar = self._progress()
+        acc: dict[str, float] = {}
+        t_last, steps_since, tokens_since = time.time(), 0, 0
+        try:
+            while not self._done():
+                it = iter(self.task.train_batches(self.epoch, self.info.rank, self.info.world_size))
+                for _ in itertools.islice(it, self.position):  # skip what a resumed run already consumed
+                    pass
+                while not self._done():
+                    group = list(itertools.islice(it, c.accum_steps))
+                    if not group:
+                        break
+                    logs = self._update(group)
+                    for k, v in logs.items():
+                        acc[k] = acc.get(k, 0.0) + float(v)
+                    steps_since += 1
+                    tokens_since += self._tokens
+                    bar.update(1)
+                    if self.step % c.log_every == 0 or self._done():
+                        vals = D.all_reduce_mean({k: v / steps_since for k, v in acc.items()}, self.device)
+                        dt = max(time.time() - t_last, 1e-9)
+                        rate = {"steps_per_s": round(steps_since / dt, 3)}
+                        if tokens_since:
+                            rate["tokens_per_s"] = round(tokens_since * self.info.world_size / dt, 1)
+                        self.log({"split": "train", **vals, **({"tokens": tokens_since} if tokens_since else {}),
+                                  **rate})
+                        post = {"loss": f"{vals['loss']:.4g}", "lr": f"{vals['lr']:.3g}"}
+                        post.update({k.replace("_per_s", "/s"): v for k, v in rate.items()})
+                        bar.set_postfix(post, refresh=False)
+                        acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
+                    if c.eval_every and self.step % c.eval_every == 0:
+                        self._validate()
+                    if c.checkpoint_every and self.step % c.checkpoint_every == 0 and not self._done():
+                        self.save()
+                    if stop_after is not None and self.step >= stop_after:
+                        summary["interrupted"] = True
+                        return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
+                else:  # the inner loop ended because training is done, not because the epoch ran out
+                    break
+                self.epoch, self.position = self.epoch + 1, 0
+            summary.update(self._finish())
+        finally:
+            bar.close()
+            if self._writer is not None:
+                self._writer.close()
+        return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
+
+    def _finish(self) -> dict[str, Any]:
+        """Final "valid"/"test" evaluation, last.pt, and the best checkpoint's test score."""
+        out: dict[str, Any] = {"final": {}, "best_test": None}
+        if self._last_eval_step != self.step:  # same on every rank, so the barrier inside matches
+            self._validate(final=True)
+        if self.is_main:
+            out["final"]["valid"] = self._last_eval[1]
+            test = self.evaluate("test")
+            out["final"]["test"] = test
+            self.log({"split": "test", **test, "final": True})
+        self.finished = True
+        self.save("last.pt")
+        if self.is_main and self.config.test_best and (self.run_dir / "best.pt").is_file():
+            model = self.task.build_model().to(self.device)
+            model.load_state_dict(load_checkpoint(self.run_dir / "best.pt", self.device)["model"])
+            test = self.evaluate("test", model)
+            out["best_test"] = test
+            self.log({"split": "test", **test, "checkpoint": "best", "best_step": self.best["step"]})
+        D.barrier()
+        return out
