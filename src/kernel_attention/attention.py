@@ -71,7 +71,7 @@ class KernelAttention(nn.Module):
         if symmetric and kdim != d_model:
             raise SpecError("symmetric=True shares W_q and W_k, so keys must have width d_model")
         self.d_model, self.n_heads, self.d_head, self.axes = d_model, n_heads, d_head, axes
-        self.kernel = make_kernel(kernel)
+        self.kernel = make_kernel(kernel, n_heads=n_heads, d_head=d_head)
         self.filter = make_filter(filter)
         self.position = make_position(position, d_model=d_model, n_heads=n_heads, d_head=d_head, axes=axes,
                                       value_position=value_position)

@@ -202,6 +202,9 @@ class LinearKernel(Kernel):
         return torch.matmul(q, k.transpose(-1, -2))
 
 
-def make_kernel(spec) -> Kernel:
-    """A kernel from a name, ``"name:key=value"``, a mapping, or a :class:`Kernel` instance."""
-    return KERNELS.create(spec)
+def make_kernel(spec, **context) -> Kernel:
+    """A kernel from a name, ``"name:key=value"``, a mapping, or a :class:`Kernel` instance.
+
+    ``context`` (``n_heads``, ``d_head``, ...) reaches kernels whose constructor names it, e.g. the
+    implicit kernels that hold per-head spectral parameters."""
+    return KERNELS.create(spec, **context)

@@ -17,6 +17,7 @@ is accepted.  Filters also compose in the string form: ``"causal&local:window=8"
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["Param", "Entry", "Registry", "parse_spec", "SpecError"]
@@ -110,6 +111,19 @@ class Entry:
         return f"{self.name}(" + ", ".join(p.describe() for p in self.params) + ")"
 
 
+def _accepted(factory: Callable, context: dict) -> dict:
+    """The subset of ``context`` that ``factory`` accepts by name (all of it for ``**kwargs``)."""
+    if not context:
+        return {}
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return context
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return context
+    return {k: v for k, v in context.items() if k in sig.parameters}
+
+
 def parse_spec(spec: Any) -> tuple[str, dict]:
     """Split a spec (string, mapping or pair) into ``(name, params)``; values stay as given."""
     if isinstance(spec, str):
@@ -186,13 +200,15 @@ class Registry:
                 out[p.name] = p.default
         return name, out
 
-    def create(self, spec: Any, **extra: Any) -> Any:
-        """Build a part from a spec.  ``extra`` are context arguments (sizes, ...) that are not
-        user parameters, e.g. ``d_model`` for a positional scheme; a spec's own parameters win."""
+    def create(self, spec: Any, **context: Any) -> Any:
+        """Build a part from a spec.  ``context`` holds sizes the caller knows and the user does not
+        choose (``d_model``, ``n_heads``, ``d_head``, ...); each factory receives only the context
+        arguments its signature names, so stateless parts need not accept them."""
         if self.base is not None and isinstance(spec, self.base):
             return spec
         name, params = self.validate(spec)
-        return self._entries[name].factory(**extra, **params)
+        factory = self._entries[name].factory
+        return factory(**_accepted(factory, context), **params)
 
     def describe(self) -> str:
         lines = [f"{self.kind}s:"]
