@@ -160,7 +160,8 @@ class Trainer:
         cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = cls(self.raw_model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
                              weight_decay=config.weight_decay)
-        self.schedule = SCHEDULES.create(config.schedule, lr=config.lr, max_steps=config.max_steps)
+        self.planned_steps = self._planned_steps()
+        self.schedule = SCHEDULES.create(config.schedule, lr=config.lr, max_steps=self.planned_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
 
         self.step, self.epoch, self.position = 0, 0, 0
@@ -327,17 +328,23 @@ class Trainer:
         self._tokens = tokens
         return out
 
-    def _progress(self):
+    def _planned_steps(self) -> int | None:
+        """max_steps, or fewer when max_epochs ends training first (needs ``task.num_batches``, taken
+        from epoch 0); None when unknown.  The cosine schedule anneals over this many steps."""
         c = self.config
-        enabled = c.progress if c.progress is not None else sys.stderr.isatty()
         total = c.max_steps
-        nb = self.task.num_batches(self.epoch, self.info.rank, self.info.world_size)
+        nb = self.task.num_batches(0, self.info.rank, self.info.world_size)
         if c.max_epochs is not None and nb is not None:
             by_epochs = c.max_epochs * math.ceil(nb / c.accum_steps)
             total = min(total, by_epochs) if total is not None else by_epochs
+        return total
+
+    def _progress(self):
+        c = self.config
+        enabled = c.progress if c.progress is not None else sys.stderr.isatty()
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=self.step, disable=not (enabled and self.is_main), unit="step",
+        return tqdm(total=self.planned_steps, initial=self.step, disable=not (enabled and self.is_main), unit="step",
                     dynamic_ncols=True)
 
     def fit(self) -> dict[str, Any]:

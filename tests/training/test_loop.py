@@ -1,0 +1,117 @@
+import json
+import math
+
+import pytest
+import torch
+
+from _toy_task import ToyTask
+from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
+from kernel_attention.training.loop import TIMING_KEYS
+
+
+def _records(run_dir):
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.append({k: v for k, v in r.items() if k not in TIMING_KEYS})
+    return out
+
+
+def _cfg(**kw):
+    base = dict(seed=3, max_steps=10, lr=3e-2, accum_steps=2, schedule="cosine:warmup=2", clip_norm=1.0,
+                eval_every=3, checkpoint_every=4, progress=False, weight_decay=0.01, optimizer="adamw")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_resume_is_exact(tmp_path):
+    # 6 micro-batches per epoch, 2 per update: 3 updates per epoch, so 10 updates cross epochs.
+    full = Trainer(ToyTask(reg=True), _cfg(), tmp_path / "full").fit()
+    assert full["step"] == 10 and not full["interrupted"]
+
+    killed = Trainer(ToyTask(reg=True), _cfg(stop_after=7), tmp_path / "part").fit()
+    assert killed["interrupted"] and killed["step"] == 7
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["step"] == 4  # the kill lost steps 5..7
+    resumed_trainer = Trainer(ToyTask(reg=True), _cfg(), tmp_path / "part")
+    assert resumed_trainer.resumed_from == 4 and resumed_trainer.epoch == 1 and resumed_trainer.position == 2
+    resumed = resumed_trainer.fit()
+
+    a = load_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ra, rb = _records(tmp_path / "full"), _records(tmp_path / "part")
+    assert ra == rb
+    assert [r["step"] for r in ra if r["split"] == "train"] == list(range(1, 11))
+    assert "regularization" in ra[0]
+    assert full["best"] == resumed["best"]
+    best = load_checkpoint(tmp_path / "full" / "best.pt")
+    valid = [r for r in ra if r["split"] == "valid"]
+    assert best["step"] == min(valid, key=lambda r: r["loss"])["step"] == full["best"]["step"]
+
+
+def test_finished_run_is_not_repeated(tmp_path):
+    Trainer(ToyTask(), _cfg(max_steps=3, eval_every=0, checkpoint_every=0), tmp_path).fit()
+    n = len(_records(tmp_path))
+    again = Trainer(ToyTask(), _cfg(max_steps=3, eval_every=0, checkpoint_every=0), tmp_path).fit()
+    assert again["step"] == 3 and len(_records(tmp_path)) == n
+
+
+def test_accumulation_matches_one_big_batch(tmp_path):
+    """2 micro-batches of 4 give the gradient of 1 batch of 8 (mean losses, no dropout)."""
+    grads = {}
+
+    def capture(trainer, name):
+        step = trainer.optimizer.step
+
+        def wrapped(*a, **k):
+            grads[name] = [p.grad.detach().clone() for p in trainer.raw_model.parameters()]
+            return step(*a, **k)
+
+        trainer.optimizer.step = wrapped
+
+    class Big(ToyTask):
+        def train_batches(self, epoch, rank=0, world_size=1):
+            small = ToyTask.train_batches(self, epoch)
+            return [torch.cat(small[i:i + 2]) for i in range(0, len(small), 2)]
+
+    t1 = Trainer(ToyTask(batch=4, dropout=False), _cfg(max_steps=1, accum_steps=2, clip_norm=0.0), tmp_path / "a")
+    capture(t1, "micro")
+    t1.fit()
+    t2 = Trainer(Big(batch=4, dropout=False), _cfg(max_steps=1, accum_steps=1, clip_norm=0.0), tmp_path / "b")
+    capture(t2, "big")
+    t2.fit()
+    for g1, g2 in zip(grads["micro"], grads["big"]):
+        torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in grads["micro"])
+
+
+def test_max_epochs_and_partial_last_group(tmp_path):
+    # 5 micro-batches per epoch with accum 2 -> updates of 2, 2, 1 -> 3 per epoch
+    out = Trainer(ToyTask(n_batches=5), _cfg(max_steps=None, max_epochs=2, eval_every=0, checkpoint_every=0),
+                  tmp_path).fit()
+    assert out["step"] == 6 and out["epoch"] == 2
+    recs = _records(tmp_path)
+    assert {r["split"] for r in recs} == {"train", "valid", "test"}
+    assert sum(1 for r in recs if r.get("checkpoint") == "best") == 1
+
+
+def test_schedule_drives_optimizer_lr(tmp_path):
+    Trainer(ToyTask(), _cfg(max_steps=6, schedule="inverse_sqrt:warmup=3,warmup_init_lr=1e-4",
+                            eval_every=0, checkpoint_every=0), tmp_path).fit()
+    lrs = [r["lr"] for r in _records(tmp_path) if r["split"] == "train"]
+    lr, w, w0 = 3e-2, 3, 1e-4
+    expected = [w0 + s * (lr - w0) / w if s < w else lr * math.sqrt(w / s) for s in range(6)]
+    assert lrs == pytest.approx(expected, rel=1e-12)
+
+
+def test_config_errors_and_cpu_precision(tmp_path):
+    with pytest.raises(ValueError, match="max_steps or max_epochs"):
+        TrainConfig()
+    with pytest.raises(ValueError, match="accepted: .*max_steps"):
+        TrainConfig.from_dict({"max_steps": 1, "bogus": 2})
+    with pytest.raises(ValueError, match="unknown schedule 'warm'; accepted: constant, cosine, inverse_sqrt"):
+        TrainConfig(max_steps=1, schedule="warm")
+    with pytest.warns(UserWarning, match="needs CUDA"):
+        t = Trainer(ToyTask(), _cfg(max_steps=1, precision="bf16", device="cpu"), tmp_path)
+    assert t.precision == "fp32"
