@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Sub-command modules, in the order ``--help`` shows them.
-COMMANDS = ["check"]
+COMMANDS = ["check", "data"]
 
 
 def build_parser() -> argparse.ArgumentParser:

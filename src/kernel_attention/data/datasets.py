@@ -225,8 +225,10 @@ def check_dataset(name: str, root: str | Path, verify: bool = True, load: bool =
             rep["unverified"].append(rel)
     if rep["missing"]:
         rep["status"] = "incomplete" if rep["present"] else "missing"
-        rep["hint"] = (f"place the files at the paths above, or run `kernel-attention data check {root} --download` "
-                       f"(online; source: {spec.source})")
+        fetchable = all(f.url for f in spec.files if not f.optional)
+        rep["hint"] = (f"place the files at the paths above, or run `kernel-attention data check {root} --download "
+                       f"-d {spec.name}` (online; source: {spec.source})" if fetchable else
+                       f"place the files at the paths above; no automatic download: {spec.source}")
     elif rep["mismatched"]:
         rep["status"] = "checksum-mismatch"
     else:
