@@ -43,6 +43,13 @@ def _reconstruct(cls, base, state):
     return object.__new__(cls)
 
 
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    # Python 3 pickles of protocol < 3 write bytes as _codecs.encode(str, "latin1"); allow only that.
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise UnsafePickleError(f"refusing _codecs.encode({type(text).__name__}, {encoding!r})")
+    return text.encode("latin1")
+
+
 def _allowed() -> dict[tuple[str, str], object]:
     nd_reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's _reconstruct, wherever it lives now
     table = {
@@ -57,6 +64,7 @@ def _allowed() -> dict[tuple[str, str], object]:
         ("builtins", "object"): object,
         ("copy_reg", "_reconstructor"): _reconstruct,
         ("copyreg", "_reconstructor"): _reconstruct,
+        ("_codecs", "encode"): _latin1_bytes,
     }
     for module in ("scipy.sparse.csr", "scipy.sparse._csr", "scipy.sparse"):
         table[(module, "csr_matrix")] = sp.csr_matrix
