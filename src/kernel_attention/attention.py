@@ -99,7 +99,7 @@ class KernelAttention(nn.Module):
         fq = self.position.inputs(query, pos_q)
         fk = self.position.inputs(key, pos_k)
         q, k = self._heads(self.q_proj(fq)), self._heads(self.k_proj(fk))
-        fv = key + self.value_encoding(pos_k).to(key.dtype) if self.value_position == "absolute" else key
+        fv = key + self.value_encoding(pos_k, key.dtype) if self.value_position == "absolute" else key
         v = self._heads(self.v_proj(fv))
         return q, k, v, self.position.terms(q, k, pos_q, pos_k)
 

@@ -34,14 +34,16 @@ def as_positions(pos: Tensor, axes: int, name: str = "positions") -> Tensor:
     return pos
 
 
-def sinusoid(pos: Tensor, dim: int) -> Tensor:
-    """Interleaved sin/cos features of (any shape) positions -> (..., dim).  ``dim`` must be even."""
+def sinusoid(pos: Tensor, dim: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Interleaved sin/cos features of (any shape) positions -> (..., dim) in ``dtype`` (default
+    float32).  Angles are formed in float64 so that long positions keep their precision."""
     if dim % 2:
         raise ValueError(f"sinusoidal encoding needs an even dimension, got {dim}")
-    inv_freq = torch.exp(torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32)
+    inv_freq = torch.exp(torch.arange(0, dim, 2, device=pos.device, dtype=torch.float64)
                          * (-math.log(10000.0) / dim))
-    angle = pos.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., dim/2)
-    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+    angle = pos.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., dim/2)
+    out = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+    return out.to(dtype or torch.float32)
 
 
 def _split(dim: int, axes: int) -> int:
@@ -58,10 +60,10 @@ class SinusoidalEncoding(nn.Module):
         self.dim, self.axes = dim, axes
         self.per_axis = _split(dim, axes)
 
-    def forward(self, pos: Tensor) -> Tensor:
+    def forward(self, pos: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """(T,) | (T, A) | (B, T, A) -> (Bp, T, dim)."""
         pos = as_positions(pos, self.axes)
-        return torch.cat([sinusoid(pos[..., a], self.per_axis) for a in range(self.axes)], dim=-1)
+        return torch.cat([sinusoid(pos[..., a], self.per_axis, dtype) for a in range(self.axes)], dim=-1)
 
 
 class LearnedEncoding(nn.Module):
@@ -76,12 +78,13 @@ class LearnedEncoding(nn.Module):
         for t in self.tables:
             nn.init.normal_(t.weight, std=0.02)
 
-    def forward(self, pos: Tensor) -> Tensor:
+    def forward(self, pos: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         pos = as_positions(pos, self.axes)
         if pos.min() < 0 or pos.max() >= self.max_len:
             raise ValueError(f"learned encoding covers positions 0..{self.max_len - 1}, got "
                              f"{int(pos.min())}..{int(pos.max())}; raise max_len")
-        return torch.cat([t(pos[..., a].long()) for a, t in enumerate(self.tables)], dim=-1)
+        out = torch.cat([t(pos[..., a].long()) for a, t in enumerate(self.tables)], dim=-1)
+        return out if dtype is None else out.to(dtype)
 
 
 def make_encoding(kind: str, dim: int, axes: int = 1, max_len: int = 1024) -> nn.Module:

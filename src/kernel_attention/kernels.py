@@ -51,6 +51,11 @@ class Kernel(nn.Module):
     positive: bool = True
     psd: bool = True
 
+    def __init__(self):
+        # An explicit signature: the registry passes context sizes (n_heads, d_head) only to
+        # constructors that name them, and nn.Module's own (*args, **kwargs) would accept anything.
+        super().__init__()
+
     def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
         """log k(q_i, k_j): (B, H, Tq, D), (B, H, Tk, D) -> (B, H, Tq, Tk)."""
         raise NotImplementedError(f"kernel {self.name!r} is not positive; use .kernel()")

@@ -89,7 +89,7 @@ class AbsolutePosition(PositionScheme):
         self.encoding = make_encoding(encoding, d_model, axes, max_len)
 
     def inputs(self, f, pos):
-        return f + self.encoding(pos).to(f.dtype)
+        return f + self.encoding(pos, f.dtype)
 
 
 @POSITIONS.register("shaw", [
@@ -176,7 +176,7 @@ class XLPosition(PositionScheme):
             distances = torch.arange(lo, hi + 1, device=q.device)
             if self.clamp_len is not None:
                 distances = distances.clamp(-self.clamp_len, self.clamp_len)
-            r = r_net(sinusoid(distances, self.d_model).to(q.dtype))  # (R, H·d)
+            r = r_net(sinusoid(distances, self.d_model, q.dtype))  # (R, H·d)
             r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
             rel.append((torch.matmul(qv, r.transpose(-1, -2)), dist[..., a] - lo))
         return PositionalTerms(key_bias=key_bias, relative=rel)
@@ -208,7 +208,7 @@ class ProductPosition(PositionScheme):
         """t W_T for every axis, concatenated: (Bp, T, A) -> (Bp, H, T, A·d)."""
         parts = []
         for a, (enc, w) in enumerate(zip(self.encodings, self.w_t)):
-            t = w(enc(pos[..., a:a + 1]).to(dtype))  # (Bp, T, H·d)
+            t = w(enc(pos[..., a:a + 1], dtype))  # (Bp, T, H·d)
             parts.append(t.view(t.shape[0], t.shape[1], self.n_heads, self.d_head).transpose(1, 2))
         return torch.cat(parts, dim=-1)
 

@@ -1,0 +1,107 @@
+"""Set filtering functions: against per-entry definitions, hand-checked matrices, TXL's mask code."""
+
+import pytest
+import torch
+
+import kernel_attention as ka
+from kernel_attention.reference import filter_keep, kernel_value, smoother_loop
+
+CASES = [("full", {}), ("causal", {}), ("memory", {}), ("memory", {"same_length": True}),
+         ("memory", {"same_length": True, "mem_len": 2}), ("local", {"window": 1}),
+         ("strided", {"stride": 3}), ("fixed", {"stride": 3}), ("fixed", {"stride": 4, "c": 2})]
+
+
+@pytest.mark.parametrize("name,params", CASES)
+@pytest.mark.parametrize("tq,tk", [(6, 6), (4, 7)])
+def test_filter_matches_definition(name, params, tq, tk):
+    spec = {"name": name, **params}
+    got = ka.make_filter(spec).mask(tq, tk)
+    assert torch.equal(got, filter_keep(name, tq, tk, **params))
+
+
+def test_strided_hand_checked():
+    # Child et al.: previous `stride` positions and every stride-th one before them.
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],  # p=3: distance 3 is a multiple of the stride
+        [0, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(ka.make_filter("strided:stride=3").mask(6, 6), expected)
+
+
+def test_fixed_hand_checked():
+    # Blocks of 3; the last cell of each block (c=1) is a summary every later query sees.
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [0, 0, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(ka.make_filter("fixed:stride=3").mask(6, 6), expected)
+
+
+@pytest.mark.parametrize("qlen,mlen", [(4, 3), (3, 5), (5, 0)])
+@pytest.mark.parametrize("same_length", [False, True])
+def test_memory_matches_transformer_xl_mask(qlen, mlen, same_length):
+    """kimiyoung/transformer-xl MemTransformerLM._forward's dec_attn_mask (1 = excluded)."""
+    klen, mem_len = qlen + mlen, mlen
+    all_ones = torch.ones(qlen, klen)
+    if same_length:
+        mask_len = klen - mem_len
+        mask_shift_len = qlen - mask_len if mask_len > 0 else qlen
+        excluded = (torch.triu(all_ones, 1 + mlen) + torch.tril(all_ones, -mask_shift_len)).bool()
+    else:
+        excluded = torch.triu(all_ones, diagonal=1 + mlen).bool()
+    got = ka.make_filter({"name": "memory", "same_length": same_length, "mem_len": mem_len}).mask(qlen, klen)
+    assert torch.equal(got, ~excluded)
+
+
+def test_memory_is_lower_right_causal_like_pytorch():
+    from torch.nn.attention.bias import causal_lower_right
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 7))
+    torch.testing.assert_close(ka.attention(q, k, v, mask="memory"), ref)
+
+
+def test_composition_and_or():
+    causal, local = ka.make_filter("causal"), ka.make_filter("local:window=2")
+    both = (causal & local).mask(6, 6)
+    assert torch.equal(both, causal.mask(6, 6) & local.mask(6, 6))
+    assert torch.equal(ka.make_filter("causal&local:window=2").mask(6, 6), both)
+    either = ka.make_filter("strided:stride=4|local:window=1").mask(6, 6)
+    assert torch.equal(either, ka.make_filter("strided:stride=4").mask(6, 6) | ka.make_filter("local:window=1").mask(6, 6))
+    assert (ka.make_filter("full") & causal).kind == "causal"
+    assert (causal | "full").kind == "full"
+    assert (causal & local).kind is None
+
+
+def test_padding_and_cross():
+    key_mask = torch.tensor([[True, True, False], [True, False, False]])
+    pad = ka.filters.Padding(key_mask).mask(2, 3)
+    assert pad.shape == (2, 1, 2, 3) and torch.equal(pad[:, 0, 0], key_mask)
+    assert torch.equal(ka.filters.Padding.from_lengths(torch.tensor([2, 1]), 3).key_mask, key_mask)
+    assert ka.make_filter("cross").mask(2, 3).all()
+    with pytest.raises(ValueError, match="needs a key mask"):
+        ka.make_filter("padding").mask(2, 3)
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "poly", "linear", "periodic"])
+@pytest.mark.parametrize("name,params", CASES[1:])
+def test_filtered_smoother_matches_loop(kernel, name, params):
+    q, k, v = torch.randn(1, 2, 4, 5, dtype=torch.float64), torch.randn(1, 2, 6, 5, dtype=torch.float64), \
+        torch.randn(1, 2, 6, 3, dtype=torch.float64)
+    out = ka.attention(q, k, v, kernel=kernel, mask={"name": name, **params})
+    ref = smoother_loop(q, k, v, lambda a, b: kernel_value(kernel, a, b), filter_keep(name, 4, 6, **params))
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+
+
+def test_key_mask_excludes_padding():
+    q, k, v = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 2)
+    key_mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    out = ka.attention(q, k, v, key_mask=key_mask)
+    torch.testing.assert_close(out[1], ka.attention(q[1:], k[1:, :, :2], v[1:, :, :2])[0])
