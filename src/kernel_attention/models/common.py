@@ -1,0 +1,156 @@
+r"""Pieces every model family shares: per-place attention configs, scaled embeddings, weight capture.
+
+An *attention config* is a dict of :class:`~kernel_attention.attention.KernelAttention` keyword arguments
+(``kernel=``, ``symmetric=``, ``position=``, ``value_position=``, ``filter=``, ``dropout=``, ``bias=``, ...).
+Models take one per place, e.g. the translation model's encoder self-attention (A), encoder-decoder
+attention (B) and decoder self-attention (C) -- Transformer Dissection's Table 3 differs only in C.
+:func:`attention_config` merges the model's defaults under the user's dict, rejects unknown keys naming
+the accepted ones, and checks the impossible combinations before any weights are built.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from kernel_attention.attention import KernelAttention
+from kernel_attention.encodings import sinusoid
+from kernel_attention.filters import make_filter
+from kernel_attention.kernels import KERNELS
+from kernel_attention.positions import POSITIONS
+from kernel_attention.registry import SpecError, parse_spec
+
+__all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions"]
+
+#: keyword arguments a per-place attention config may set (d_model and n_heads come from the model)
+ATTENTION_KEYS = tuple(n for n in inspect.signature(KernelAttention.__init__).parameters
+                       if n not in ("self", "d_model", "n_heads"))
+
+
+def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any) -> dict[str, Any]:
+    """``defaults`` overridden by ``user``; unknown keys and impossible combinations fail here.
+
+    Checked: every key is a KernelAttention argument; the kernel, position and filter names exist with
+    valid parameters; ``value_position="relative"`` needs ``position="shaw"``.
+    """
+    if user is None:
+        user = {}
+    if not isinstance(user, Mapping):
+        raise SpecError(f"{where}: the attention config must be a mapping of KernelAttention arguments "
+                        f"({', '.join(ATTENTION_KEYS)}), got {user!r}")
+    unknown = sorted(set(user) - set(ATTENTION_KEYS))
+    if unknown:
+        raise SpecError(f"{where}: unknown attention option(s) {', '.join(unknown)}; accepted: "
+                        f"{', '.join(ATTENTION_KEYS)}")
+    cfg = {**defaults, **user}
+    try:
+        if not isinstance(cfg.get("kernel", "exp"), nn.Module):
+            KERNELS.validate(cfg.get("kernel", "exp"))
+        position = cfg.get("position", "none")
+        pos_name = position.name if isinstance(position, nn.Module) else POSITIONS.validate(position)[0]
+        if not isinstance(cfg.get("filter", "full"), Tensor):
+            make_filter(cfg.get("filter", "full"))
+        vp = cfg.get("value_position", "none")
+        if vp == "relative" and pos_name != "shaw":
+            raise SpecError(f"value_position='relative' is Shaw's a^V table and needs position='shaw', "
+                            f"got position={pos_name!r}")
+        if vp not in ("none", "absolute", "relative", True, False):
+            raise SpecError(f"value_position={vp!r} is not one of ['none', 'absolute', 'relative']")
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return cfg
+
+
+def position_name(cfg: Mapping[str, Any]) -> str:
+    """The registered name of a config's positional scheme."""
+    position = cfg.get("position", "none")
+    return position.name if isinstance(position, nn.Module) else parse_spec(position)[0]
+
+
+def with_position_param(cfg: dict[str, Any], name: str, key: str, value: Any) -> dict[str, Any]:
+    """``cfg`` with ``position`` rewritten to carry ``key=value`` when the scheme is ``name``."""
+    position = cfg.get("position", "none")
+    if isinstance(position, nn.Module) or value is None:
+        return cfg
+    pname, params = POSITIONS.validate(position)
+    if pname != name:
+        return cfg
+    return {**cfg, "position": {"name": pname, **params, key: value}}
+
+
+def causal_filter(spec: Any) -> Any:
+    """A decoder self-attention filter: the user's filter intersected with causal (never leaks the future)."""
+    if spec is None or spec == "full":
+        return "causal"
+    if isinstance(spec, str) and ("causal" in spec or "memory" in spec):
+        return spec
+    return make_filter("causal") & make_filter(spec)
+
+
+class ScaledEmbedding(nn.Module):
+    """Token embedding scaled by sqrt(d) (Vaswani; fairseq's ``embed_scale``; Transformer-XL's ``emb_scale``).
+
+    Initialised N(0, d^-1/2) with the padding row zero, as fairseq does; the same matrix can serve as the
+    tied output projection (``logits = h E^T``).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = 0, scale: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=d_model ** -0.5)
+        if pad_id is not None:
+            with torch.no_grad():
+                self.embed.weight[pad_id].zero_()
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    @property
+    def weight(self) -> Tensor:
+        return self.embed.weight
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(B, T) long -> (B, T, d)."""
+        return self.embed(tokens) * self.scale
+
+
+def sinusoidal_input(x: Tensor, pos: Tensor) -> Tensor:
+    """The standard Vaswani baseline: add the sinusoid of positions ``pos`` (T,) once to (B, T, d)."""
+    return x + sinusoid(pos, x.shape[-1]).to(x.dtype)
+
+
+def collect_decompositions(model: nn.Module, run) -> list[dict[str, Tensor]]:
+    """Similarity and magnitude terms of every attention whose kernel has a ``decompose(q, k)`` method
+    (the implicit kernels of IKA split log k into a similarity and a magnitude term).
+
+    ``run()`` performs one forward pass; each :class:`KernelAttention` in ``model`` (in module order) records
+    ``kernel.decompose(q, k)`` of its per-head projections.  Returns one dict per attention call, with the
+    module name under ``"module"``; attentions whose kernel has no ``decompose`` are skipped.
+    """
+    out: list[dict[str, Any]] = []
+    handles = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, KernelAttention) and hasattr(mod.kernel, "decompose"):
+            def hook(m, args, result, name=name):
+                q, k = result[0], result[1]
+                parts = m.kernel.decompose(q, k)
+                parts = dict(parts) if isinstance(parts, Mapping) else {"terms": parts}
+                out.append({"module": name, **parts})
+            # project() returns (q, k, v, terms); wrap it so the hook sees them.
+            orig = mod.project
+
+            def wrapped(*a, _orig=orig, _m=mod, _h=hook, **kw):
+                res = _orig(*a, **kw)
+                _h(_m, a, res)
+                return res
+            mod.project = wrapped
+            handles.append(mod)
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for mod in handles:
+            del mod.project  # drop the instance attribute; the class method is back
+    return out

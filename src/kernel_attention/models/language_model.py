@@ -1,0 +1,144 @@
+r"""Decoder-only language model with Transformer-XL segment memory (Dai et al. 2019, ``MemTransformerLM``).
+
+    model = LanguageModel(vocab=267735, d_model=410, n_heads=10, d_ff=2100, n_layers=16, mem_len=150)
+    logits, mems = model(tokens)              # tokens (B, T); mems: one (B, M, d) tensor per layer
+    logits, mems = model(next_tokens, mems)   # the next segment attends to the cached states
+
+Per segment of T tokens with cached memory m^l (B, M, d) for each layer l:
+
+    h^0 = dropout(sqrt(d) E[tokens])                       (+ sinusoid(t) when pe_at_input)
+    h^l = Block_l(h^l-1, memory = m^l-1)                   keys = [m^l-1 ; h^l-1], filter S_1 u S_mem
+    logits = dropout(h^L) E^T                              (tied input / output embeddings)
+    new m^l = last mem_len steps of [m^l ; h^l], detached  (l = 0 .. L-1: each layer's *input*,
+                                                            the first being the embedding output, as TXL's ``hids``)
+
+Attention (``attention=``, a dict of KernelAttention arguments): default is Transformer-XL's --
+``kernel="exp"``, ``position="xl"``, ``bias=False`` -- with one pair of u/v biases shared by all layers
+(:meth:`XLPosition.share_biases`).  Any kernel / position / value function can replace it; the filter is
+always intersected with ``memory`` (query i sees key j <= i + M).  Positions: keys of the window
+[memory; segment] are numbered 0 .. M+T-1 and queries sit on the last T (only differences matter for the
+relative schemes; ``product`` and ``absolute`` see window positions, the same every segment).
+``clamp_len`` clamps xl distances (TXL evaluation); ``same_length`` makes every query see the same number
+of keys at evaluation (TXL ``--same_length``).  The ``pe_at_input`` baseline adds the sinusoid of the
+window positions of the segment once to the embeddings (TXL ``attn_type=2`` without its memory quirk).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from kernel_attention.filters import make_filter
+from kernel_attention.models.block import TransformerBlock
+from kernel_attention.models.common import (ScaledEmbedding, attention_config, position_name, sinusoidal_input,
+                                            with_position_param)
+from kernel_attention.positions import XLPosition
+
+__all__ = ["LanguageModel"]
+
+
+class LanguageModel(nn.Module):
+    """Transformer-XL-style decoder-only LM with kernel attention.
+
+    Args:
+        vocab: vocabulary size.  d_model, n_heads, d_ff, n_layers: sizes; d_head: per-head width
+            (default d_model / n_heads; TXL base uses 41 with d_model 410, 10 heads).
+        dropout: embedding / residual / output dropout.  attention_dropout: on attention weights (TXL dropatt).
+        attention: attention config (see module docstring).
+        mem_len: cached steps per layer (0 = no memory).  clamp_len: clamp relative distances (xl only).
+        same_length: at evaluation every query sees the same number of keys.
+        pe_at_input: add sinusoidal positions once at the input (the Vaswani baseline).
+        tie_output: logits = h E^T with the input embedding E.  norm: "post" (TXL default) or "pre".
+    """
+
+    def __init__(self, vocab: int, *, d_model: int = 410, n_heads: int = 10, d_ff: int = 2100, n_layers: int = 16,
+                 d_head: int | None = None, dropout: float = 0.1, attention_dropout: float = 0.0,
+                 attention: dict | None = None, mem_len: int = 0, clamp_len: int | None = None,
+                 same_length: bool = False, pe_at_input: bool = False, tie_output: bool = True,
+                 norm: str = "post", pad_id: int | None = None):
+        super().__init__()
+        if mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+        cfg = attention_config(attention, "attention", kernel="exp", position="xl", bias=False,
+                               dropout=attention_dropout)
+        if d_head is not None:
+            cfg.setdefault("d_head", d_head)
+        cfg = with_position_param(cfg, "xl", "clamp_len", clamp_len)
+        user_filter = cfg.get("filter", "full")
+        cfg["filter"] = make_filter("memory") if user_filter in (None, "full", "memory") else \
+            make_filter("memory") & make_filter(user_filter)
+        self.attn_cfg = cfg
+        self.d_model, self.mem_len, self.same_length, self.pe_at_input = d_model, mem_len, same_length, pe_at_input
+        self.embed = ScaledEmbedding(vocab, d_model, pad_id)
+        self.layers = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, attention=cfg, norm=norm,
+                                                     dropout=dropout) for _ in range(n_layers))
+        self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        self.output = None if tie_output else nn.Linear(d_model, vocab, bias=False)
+        if position_name(cfg) == "xl":
+            # Transformer-XL's r_w_bias / r_r_bias: one (H, d) pair for the whole model.
+            first = self.layers[0].self_attn
+            self.u = nn.Parameter(torch.randn(first.n_heads, first.d_head) * 0.02)
+            self.v = nn.Parameter(torch.randn(first.n_heads, first.d_head) * 0.02)
+            for layer in self.layers:
+                assert isinstance(layer.self_attn.position, XLPosition)
+                layer.self_attn.position.share_biases(self.u, self.v)
+
+    def init_mems(self) -> list[Tensor] | None:
+        return None
+
+    def _update_mems(self, hids: list[Tensor], mems: list[Tensor] | None) -> list[Tensor] | None:
+        if self.mem_len == 0:
+            return None
+        with torch.no_grad():
+            if mems is None:
+                return [h[:, -self.mem_len:].detach() for h in hids]
+            return [torch.cat([m, h], dim=1)[:, -self.mem_len:].detach() for m, h in zip(mems, hids)]
+
+    def set_clamp_len(self, clamp_len: int | None) -> None:
+        """Clamp xl relative distances from now on (TXL sets ``clamp_len`` only for evaluation)."""
+        for layer in self.layers:
+            if isinstance(layer.self_attn.position, XLPosition):
+                layer.self_attn.position.clamp_len = clamp_len
+
+    def forward(self, tokens: Tensor, mems: list[Tensor] | None = None, need_weights: bool = False):
+        """
+        Args:
+            tokens: (B, T) ids of the segment.
+            mems: None or one (B, M, d) detached tensor per layer (from the previous call).
+            need_weights: also return a list of (B, H, T, M+T) attention weights, one per layer.
+        Returns:
+            ``(logits (B, T, V), new_mems)`` (+ weights); ``new_mems`` is None when ``mem_len == 0``.
+        """
+        b, t = tokens.shape
+        m = 0 if mems is None else mems[0].shape[1]
+        if mems is not None and len(mems) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} memory tensors (one per layer), got {len(mems)}")
+        pos = torch.arange(m, m + t, device=tokens.device)         # queries: last T of the window
+        mem_pos = torch.arange(0, m, device=tokens.device)
+        x = self.embed(tokens)
+        if self.pe_at_input:
+            x = sinusoidal_input(x, pos)
+        x = self.drop(x)
+        mask = None
+        if self.same_length and not self.training:
+            mask = make_filter({"name": "memory", "same_length": True,
+                                "mem_len": self.mem_len if self.mem_len > 0 else None})
+        hids, weights = [], []
+        for i, layer in enumerate(self.layers):
+            hids.append(x)
+            mem = None if mems is None else mems[i]
+            out = layer(x, pos=pos, memory=mem, memory_pos=mem_pos if mem is not None else None, mask=mask,
+                        need_weights=need_weights)
+            x, w = out if need_weights else (out, None)
+            weights.append(w and w["self"])
+        x = self.drop(self.final_norm(x))
+        weight = self.embed.weight if self.output is None else self.output.weight
+        logits = x @ weight.t()
+        new_mems = self._update_mems(hids, mems)
+        return (logits, new_mems, weights) if need_weights else (logits, new_mems)
+
+    def attention_maps(self, tokens: Tensor, mems: list[Tensor] | None = None) -> list[Tensor]:
+        """(B, H, T, M+T) attention weights per layer, without gradients."""
+        with torch.no_grad():
+            return self.forward(tokens, mems, need_weights=True)[2]

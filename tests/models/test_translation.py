@@ -1,0 +1,90 @@
+"""TranslationModel: causality, padding, per-place attention configs and the decoding entry points."""
+
+import pytest
+import torch
+
+from kernel_attention.filters import make_filter
+from kernel_attention.models import MODELS, TranslationModel
+from kernel_attention.registry import SpecError
+
+
+def tiny(**kw):
+    cfg = dict(d_model=32, n_heads=4, d_ff=64, enc_layers=2, dec_layers=2, dropout=0.0)
+    cfg.update(kw)
+    return TranslationModel(17, 19, **cfg).double().eval()
+
+
+TD_TABLE3 = dict(pe_at_input=False,
+                 encoder_attention={"position": "product", "symmetric": True},
+                 cross_attention={"position": "product", "symmetric": True},
+                 decoder_attention={"position": "none", "symmetric": True})
+
+
+@pytest.mark.parametrize("kw", [{}, TD_TABLE3, {"pe_at_input": False, "encoder_attention": {"position": "shaw"},
+                                                "decoder_attention": {"position": "xl"},
+                                                "cross_attention": {"position": "product"}}])
+def test_decoder_is_causal_and_source_padding_is_ignored(kw):
+    torch.manual_seed(0)
+    model = tiny(**kw)
+    src = torch.randint(4, 17, (2, 6))
+    tgt = torch.randint(4, 19, (2, 5))
+    out = model(src, tgt)
+    assert out.shape == (2, 5, 19)
+    tgt2 = tgt.clone()
+    tgt2[:, 3:] = 4
+    torch.testing.assert_close(model(src, tgt2)[:, :3], out[:, :3])
+    # appending padding to the source changes nothing
+    src_pad = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], 1)
+    torch.testing.assert_close(model(src_pad, tgt), out)
+    # decode_step is the last position of the full decoder
+    enc = model.encode(src)
+    torch.testing.assert_close(model.decode_step(tgt, enc), torch.log_softmax(out[:, -1], -1))
+
+
+def test_decoder_filter_stays_causal_when_user_asks_full():
+    model = tiny(decoder_attention={"filter": "full"})
+    m = model.decoder[0].self_attn.filter.mask(4, 4)
+    assert torch.equal(m, make_filter("causal").mask(4, 4))
+    model = tiny(decoder_attention={"filter": "local:window=1"})
+    m = model.decoder[0].self_attn.filter.mask(4, 4)
+    assert torch.equal(m, make_filter("causal").mask(4, 4) & make_filter("local:window=1").mask(4, 4))
+
+
+def test_attention_maps_and_places():
+    model = tiny(**TD_TABLE3)
+    assert model.encoder[0].self_attn.position.name == "product"
+    assert model.decoder[0].self_attn.position.name == "none"
+    assert model.decoder[0].cross_attn.position.name == "product"
+    src, tgt = torch.randint(4, 17, (1, 6)), torch.randint(4, 19, (1, 5))
+    w = model.attention_maps(src, tgt)
+    assert len(w["encoder"]) == 2 and w["encoder"][0].shape == (1, 4, 6, 6)
+    assert w["decoder"][1]["self"].shape == (1, 4, 5, 5) and w["decoder"][1]["cross"].shape == (1, 4, 5, 6)
+    torch.testing.assert_close(w["decoder"][0]["self"].sum(-1), torch.ones(1, 4, 5, dtype=torch.double))
+    assert torch.all(w["decoder"][0]["self"][0, :, 0, 1:] == 0)
+
+
+def test_sharing_and_tying():
+    shared = TranslationModel(20, 20, d_model=16, n_heads=2, d_ff=32, enc_layers=1, dec_layers=1,
+                              share_embeddings=True)
+    assert shared.src_embed is shared.tgt_embed and shared.output is None
+    untied = TranslationModel(20, 21, d_model=16, n_heads=2, d_ff=32, enc_layers=1, dec_layers=1, tie_output=False)
+    assert untied.output.weight.shape == (21, 16)
+    with pytest.raises(ValueError, match="joint vocabulary"):
+        TranslationModel(20, 21, share_embeddings=True)
+
+
+def test_default_sizes_are_transformer_iwslt_de_en():
+    m = MODELS.create("translation", src_vocab=100, tgt_vocab=100)
+    assert len(m.encoder) == 6 and len(m.decoder) == 6
+    blk = m.encoder[0]
+    assert blk.self_attn.n_heads == 4 and blk.self_attn.d_model == 512 and blk.ffn[0].out_features == 1024
+    assert blk.norm == "post" and blk.drop.p == 0.3 and m.src_embed.scale == pytest.approx(512 ** 0.5)
+
+
+def test_bad_configs_fail_naming_the_place():
+    with pytest.raises(SpecError, match=r"cross_attention \(B\).*needs position='shaw'"):
+        tiny(cross_attention={"value_position": "relative", "position": "product"})
+    with pytest.raises(SpecError, match=r"decoder_attention \(C\).*unknown position 'rotary'"):
+        tiny(decoder_attention={"position": "rotary"})
+    with pytest.raises(SpecError, match="unknown model"):
+        MODELS.create("seq2seq")
