@@ -10,6 +10,7 @@ from kernel_attention.attention import KernelAttention
 from kernel_attention.filters import FILTERS, Filter, make_filter
 from kernel_attention.functional import attention, validation
 from kernel_attention.kernels import KERNELS, Kernel, make_kernel
+from kernel_attention.implicit import decompose, regularization, share_spectral  # registers the IKA kernels
 from kernel_attention.models.block import TransformerBlock
 from kernel_attention.positions import POSITIONS, make_position
 from kernel_attention.registry import Registry, SpecError
@@ -19,4 +20,4 @@ __version__ = "0.1.0"
 
 __all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
            "Filter", "PositionalTerms", "make_kernel", "make_filter", "make_position", "Registry", "SpecError",
-           "validation", "__version__"]
+           "validation", "decompose", "regularization", "share_spectral", "__version__"]
