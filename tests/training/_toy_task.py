@@ -69,7 +69,7 @@ class ToyTask(Task):
 
     def evaluate(self, model, split):
         g = torch.Generator().manual_seed(10_000 + (split == "test"))
-        x = self._make(g, 32)
+        x = self.to_device(self._make(g, 32))
         logits = model(x[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, self.vocab), x[:, 1:].reshape(-1))
         acc = (logits.argmax(-1) == x[:, 1:]).float().mean()

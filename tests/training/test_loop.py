@@ -115,3 +115,21 @@ def test_config_errors_and_cpu_precision(tmp_path):
     with pytest.warns(UserWarning, match="needs CUDA"):
         t = Trainer(ToyTask(), _cfg(max_steps=1, precision="bf16", device="cpu"), tmp_path)
     assert t.precision == "fp32"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_cuda_resumes_exactly(tmp_path, precision):
+    cfg = dict(device="cuda", precision=precision)
+    full = Trainer(ToyTask(), _cfg(**cfg), tmp_path / "full")
+    assert full.precision == precision and full.scaler.is_enabled() == (precision == "fp16")
+    full.fit()
+    Trainer(ToyTask(), _cfg(stop_after=6, **cfg), tmp_path / "part").fit()
+    ck = load_checkpoint(tmp_path / "part" / "last.pt")
+    assert (ck["scaler"] is not None) == (precision == "fp16") and ck["rng"][0]["cuda"] is not None
+    Trainer(ToyTask(), _cfg(**cfg), tmp_path / "part").fit()
+    a = load_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(math.isfinite(r["loss"]) for r in _records(tmp_path / "full") if r["split"] == "train")
