@@ -38,6 +38,9 @@ __all__ = ["AmortizedPosterior", "SpectralGenerator", "ImplicitDensity", "Poster
            "copula_factor", "pool"]
 
 
+LOG_STD_MIN, LOG_STD_MAX = -12.0, 6.0
+
+
 def pool(x: Tensor, mask: Tensor | None = None) -> Tensor:
     """Mean over time: (B, H, T, d) -> (B, H, d); ``mask`` (B, T) bool, True = real position."""
     if mask is None:
@@ -58,7 +61,9 @@ class AmortizedPosterior(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         pre = F.leaky_relu(self.inp(x), 0.2)
-        return self.mu(pre), self.log_std(pre) + self.offset, pre
+        # log std bounded so that huge pooled features cannot give std = inf (and a NaN KL).
+        log_std = (self.log_std(pre) + self.offset).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return self.mu(pre), log_std, pre
 
 
 class SpectralGenerator(nn.Module):
