@@ -106,7 +106,7 @@ def test_weights_are_nonnegative_and_rows_sum_to_one(spec, filt):
                                   "expsin", "rbf-only"])
 def test_no_nan_long_sequences_large_norms_small_p(spec):
     att = ka.KernelAttention(16, 2, kernel=spec, filter="causal")
-    for t, scale in ((1024, 1.0), (16, 1e4)):
+    for t, scale in ((512, 1.0), (16, 1e4)):
         x = (scale * torch.randn(1, t, 16)).requires_grad_()
         y = att(x)
         loss = y.square().mean() + regularization(att)
