@@ -8,7 +8,7 @@ kernels (Song et al. 2021), models, training and the papers' studies.
 
 from kernel_attention.attention import KernelAttention
 from kernel_attention.filters import FILTERS, Filter, make_filter
-from kernel_attention.functional import attention, validation
+from kernel_attention.functional import attention, choose_backend, explain, validation
 from kernel_attention.kernels import KERNELS, Kernel, make_kernel
 from kernel_attention.implicit import decompose, regularization, share_spectral  # registers the IKA kernels
 from kernel_attention.models.block import TransformerBlock

@@ -55,11 +55,14 @@ class KernelAttention(nn.Module):
         dropout: dropout on the attention weights.
         bias: biases in the four projections (fairseq: True; Transformer-XL: False).
         kdim: width of the key/value input when it differs from d_model (encoder-decoder).
+        backend: ``"auto"`` or a backend name (``"dense"``, ``"fused"``, ``"linear"``); see
+            :func:`kernel_attention.explain`.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_head: int | None = None, kernel="exp",
                  symmetric: bool = False, position="none", value_position="none", filter="full",
-                 axes: int = 1, dropout: float = 0.0, bias: bool = True, kdim: int | None = None):
+                 axes: int = 1, dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
+                 backend="auto"):
         super().__init__()
         if d_head is None:
             if d_model % n_heads:
@@ -89,6 +92,7 @@ class KernelAttention(nn.Module):
         self.v_proj = nn.Linear(kdim, n_heads * d_head, bias=bias)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         self.dropout = dropout
+        self.backend = backend
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -145,7 +149,8 @@ class KernelAttention(nn.Module):
         filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
         bias = mask if float_mask else None
         out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
-                                  dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights)
+                                  dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+                                  backend=self.backend)
         out, weights = out if need_weights else (out, None)
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))

@@ -10,6 +10,7 @@ positional terms it equals ``scaled_dot_product_attention`` (tested).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from torch import Tensor
@@ -18,7 +19,8 @@ from kernel_attention.filters import Filter, make_filter
 from kernel_attention.kernels import Kernel, make_kernel
 from kernel_attention.smoother import PositionalTerms, dense_smoother
 
-__all__ = ["attention", "resolve_mask", "validation", "check_inputs"]
+__all__ = ["attention", "explain", "choose_backend", "build_problem", "resolve_mask", "validation",
+           "check_inputs"]
 
 _VALIDATE = True
 
@@ -99,7 +101,7 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
 def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
               key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
               terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
-              backend: str = "dense"):
+              backend="auto"):
     r"""Kernel-smoother attention (Transformer Dissection, Definition 1).
 
     .. math::  out_i = \sum_{j \in M(i)} \frac{k(q_i, k_j)}{\sum_{j' \in M(i)} k(q_i, k_{j'})} v_j
@@ -120,23 +122,63 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
             passes); ``bias`` is added to it.
         dropout_p: dropout on the normalised weights.
         need_weights: also return the (B, H, Tq, Tk) weights.
-        backend: ``"dense"``, the reference that materialises the kernel matrix.
+        backend: ``"auto"`` (default) picks the fastest backend that runs the call; ``"dense"`` (the
+            reference that materialises the kernel matrix), ``"fused"`` (PyTorch's fused attention,
+            positive kernels) or ``"linear"`` (finite feature maps) force one and raise
+            :class:`~kernel_attention.backends.BackendError` if it cannot run the call.  See
+            :func:`explain` for why a backend was or was not chosen.
 
     Returns:
         (B, H, Tq, Dv), or ``(output, weights)`` when ``need_weights``.  A query whose filtered set is
         empty gets zeros (and zero gradient), never NaN.
     """
+    problem = build_problem(q, k, v, kernel, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
+                            terms=terms, dropout_p=dropout_p, need_weights=need_weights)
+    from kernel_attention.backends import choose
+
+    out, weights = choose(problem, backend).backend.run(problem)
+    return (out, weights) if need_weights else out
+
+
+def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
+                  key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
+                  terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False):
+    """Check the inputs and resolve the kernel, filter and additive terms into a backend
+    :class:`~kernel_attention.backends.Problem` (the arguments are those of :func:`attention`)."""
+    from kernel_attention.backends import Problem
+
     check_inputs(q, k, v, finite=_VALIDATE)
     kern = make_kernel(kernel)
-    keep, float_mask, _ = resolve_mask(mask, q, k, key_mask, is_causal)
+    keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal)
     extra = [x for x in (float_mask, bias) if x is not None]
     if extra:
         terms = PositionalTerms() if terms is None else terms
         total = sum(extra[1:], extra[0])
-        terms = PositionalTerms(q_feat=terms.q_feat, k_feat=terms.k_feat, key_bias=terms.key_bias,
-                                relative=terms.relative, value=terms.value,
-                                bias=total if terms.bias is None else terms.bias + total)
-    if backend != "dense":
-        raise ValueError(f"unknown backend {backend!r}; accepted: dense")
-    out, weights = dense_smoother(q, k, v, kern, keep, terms, dropout_p, need_weights)
-    return (out, weights) if need_weights else out
+        terms = dataclasses.replace(terms, bias=total if terms.bias is None else terms.bias + total)
+    return Problem(q, k, v, kern, keep=keep, filter=filt, key_mask=key_mask, terms=terms,
+                   dropout_p=dropout_p, need_weights=need_weights)
+
+
+def choose_backend(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
+                   backend="auto", **kwargs) -> tuple[str, dict]:
+    """``(name, reasons)``: the backend :func:`attention` would use for these arguments and, for every
+    backend, why it was or was not chosen.  Runs no attention."""
+    from kernel_attention.backends import choose
+
+    c = choose(build_problem(q, k, v, kernel, mask, **kwargs), backend)
+    return c.name, c.reasons
+
+
+def explain(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *, backend="auto",
+            **kwargs):
+    """The :class:`~kernel_attention.backends.Choice` for these arguments (``print`` it):
+
+        >>> print(explain(q, k, v, kernel="poly", mask="local:window=8"))
+        backend: dense
+          dense: chosen as the fall-back: ...
+          fused: not chosen: kernel 'poly' is direct ...
+          linear: not chosen: filter local(window=8) is neither full, causal nor padding ...
+    """
+    from kernel_attention.backends import choose
+
+    return choose(build_problem(q, k, v, kernel, mask, **kwargs), backend)

@@ -28,6 +28,7 @@ periodic   exp(-(2/l^2) sum_i sin^2(pi (a_i - b_i) / p))              exp-sine-s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -35,8 +36,23 @@ from torch import Tensor, nn
 
 from kernel_attention.registry import Param, Registry
 
-__all__ = ["Kernel", "KERNELS", "make_kernel", "ExpKernel", "RBFKernel", "PolyKernel", "LinearKernel",
+__all__ = ["Kernel", "SDPAForm", "KERNELS", "make_kernel", "ExpKernel", "RBFKernel", "PolyKernel", "LinearKernel",
            "PeriodicKernel"]
+
+
+@dataclasses.dataclass
+class SDPAForm:
+    r"""A positive kernel written for fused soft-max attention:
+
+        log k(q_i, k_j) = scale · <q_i', k_j'> + key_bias_j + (a term constant along each row)
+
+    ``q`` (B, H, Tq, D'), ``k`` (B, H, Tk, D') are the (possibly augmented) features and ``key_bias``
+    (B, H, 1, Tk) or None a per-key term.  The row-constant term cancels in the smoother."""
+
+    q: Tensor
+    k: Tensor
+    scale: float
+    key_bias: Tensor | None = None
 
 
 class Kernel(nn.Module):
@@ -63,6 +79,36 @@ class Kernel(nn.Module):
     def kernel(self, q: Tensor, k: Tensor) -> Tensor:
         """k(q_i, k_j): (B, H, Tq, D), (B, H, Tk, D) -> (B, H, Tq, Tk)."""
         return self.log_kernel(q, k).exp()
+
+    def sdpa_form(self, q: Tensor, k: Tensor, key_bias: str = "features") -> SDPAForm | None:
+        """This kernel as features for fused attention (:class:`SDPAForm`), or None when it has none
+        (then fast backends feed ``log_kernel`` block by block as an additive term).  ``key_bias``
+        asks for a per-key term as an augmented feature (``"features"``) or as a separate bias
+        (``"mask"``); kernels without such a term ignore it."""
+        return None
+
+    def blockwise(self, q: Tensor, k: Tensor):
+        """``(state, f)`` such that log k(q[rows], k[cols]) = f(q[..., rows, :], k[..., cols, :], *state)
+        for any block of query rows and key columns, with per-call state computed once here.
+
+        Fast backends use it to form log k a block at a time.  By default there is no state and f is
+        :meth:`log_kernel` -- right for every kernel whose value on a pair depends on that pair alone.
+        Kernels following the similarity x magnitude protocol of the implicit kernels (``prepare(q, k)``
+        -> state, ``log_similarity(q, k, state)``, ``log_magnitude(q, k)``) draw their spectral points
+        once per call, as ``log_kernel`` does, and share them across blocks."""
+        prepare = getattr(self, "prepare", None)
+        if prepare is None or not hasattr(self, "log_similarity") or not hasattr(self, "log_magnitude"):
+            return [], lambda qb, kb: self.log_kernel(qb, kb)
+        state = prepare(q, k)
+        if state is None:
+            return [], lambda qb, kb: self.log_similarity(qb, kb, None) + self.log_magnitude(qb, kb)
+        state = list(state)
+        return state, lambda qb, kb, *st: self.log_similarity(qb, kb, list(st)) + self.log_magnitude(qb, kb)
+
+    def feature_map(self, x: Tensor) -> Tensor | None:
+        """A finite feature map phi with k(a, b) = <phi(a), phi(b)>: (..., D) -> (..., F), or None when
+        the kernel has none (or it is too large to be worth it).  Used by the linear-time backend."""
+        return None
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.hparams().items())
@@ -97,6 +143,9 @@ class ExpKernel(Kernel):
     def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, k.transpose(-1, -2)) * _default_scale(self.scale, q.shape[-1])
 
+    def sdpa_form(self, q, k, key_bias="features"):
+        return SDPAForm(q, k, _default_scale(self.scale, q.shape[-1]))
+
 
 @KERNELS.register("rbf", [_scale])
 class RBFKernel(Kernel):
@@ -121,6 +170,19 @@ class RBFKernel(Kernel):
         sk = k.pow(2).sum(-1).unsqueeze(-2)  # (B, H, 1, Tk)
         dist2 = (sq + sk - 2 * torch.matmul(q, k.transpose(-1, -2))).clamp_min(0)
         return -dist2 * _default_scale(self.scale, q.shape[-1])
+
+    def sdpa_form(self, q, k, key_bias="features"):
+        """-s||a-b||^2 = 2s<a,b> - s||b||^2 - s||a||^2; the last term is constant along a row.
+
+        ``"features"``: q' = [q, 1], k' = [k, -||k||^2 / 2], scale 2s (one extra feature, no mask);
+        ``"mask"``: q, k with scale 2s and the key bias -s||k||^2.  Without the clamp of
+        :meth:`log_kernel`, which only matters for rounding at a == b."""
+        s = _default_scale(self.scale, q.shape[-1])
+        sk = k.pow(2).sum(-1, keepdim=True)  # (B, H, Tk, 1)
+        if key_bias == "mask":
+            return SDPAForm(q, k, 2 * s, key_bias=(-s * sk).transpose(-1, -2))
+        ones = q.new_ones(*q.shape[:-1], 1)
+        return SDPAForm(torch.cat([q, ones], -1), torch.cat([k, -0.5 * sk], -1), 2 * s)
 
 
 @KERNELS.register("periodic", [
@@ -165,6 +227,10 @@ class PeriodicKernel(Kernel):
         inner = torch.matmul(self.features(q), self.features(k).transpose(-1, -2))
         return (inner - d) / self.lengthscale ** 2
 
+    def sdpa_form(self, q, k, key_bias="features"):
+        # The constant -d / l^2 cancels along each row.
+        return SDPAForm(self.features(q), self.features(k), 1.0 / self.lengthscale ** 2)
+
 
 @KERNELS.register("poly", [
     Param("degree", int, 2, check=lambda x: x >= 1, rule=">= 1"),
@@ -190,6 +256,27 @@ class PolyKernel(Kernel):
     def kernel(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, k.transpose(-1, -2)).pow(self.degree)
 
+    #: Largest feature size phi may have for the linear-time backend.
+    max_features = 1 << 16
+
+    def feature_map(self, x: Tensor) -> Tensor | None:
+        r"""phi(x) = x^{(x)n} with <phi(a), phi(b)> = <a, b>^n.  Degree 2 keeps only the D(D+1)/2
+        distinct products, x_a x_b for a <= b weighted sqrt(2) off the diagonal; higher degrees use
+        the full D^n tensor power (None beyond ``max_features``)."""
+        d = x.shape[-1]
+        if self.degree == 1:
+            return x
+        if self.degree == 2:
+            ia, ib = torch.triu_indices(d, d, device=x.device)
+            w = torch.full(ia.shape, math.sqrt(2.0), dtype=x.dtype, device=x.device).masked_fill(ia == ib, 1.0)
+            return x[..., ia] * x[..., ib] * w
+        if d ** self.degree > self.max_features:
+            return None
+        phi = x
+        for _ in range(self.degree - 1):
+            phi = (phi[..., :, None] * x[..., None, :]).flatten(-2)
+        return phi
+
 
 @KERNELS.register("linear")
 class LinearKernel(Kernel):
@@ -205,6 +292,9 @@ class LinearKernel(Kernel):
 
     def kernel(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, k.transpose(-1, -2))
+
+    def feature_map(self, x: Tensor) -> Tensor:
+        return x
 
 
 def make_kernel(spec, **context) -> Kernel:

@@ -178,8 +178,9 @@ class XLPosition(PositionScheme):
                 distances = distances.clamp(-self.clamp_len, self.clamp_len)
             r = r_net(sinusoid(distances, self.d_model, q.dtype))  # (R, H·d)
             r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
-            rel.append((torch.matmul(qv, r.transpose(-1, -2)), dist[..., a] - lo))
-        return PositionalTerms(key_bias=key_bias, relative=rel)
+            # (Tq, R) logits are formed by whoever consumes the terms, a block of rows at a time.
+            rel.append((qv, r, dist[..., a] - lo))
+        return PositionalTerms(key_bias=key_bias, relative_factors=rel)
 
 
 @POSITIONS.register("product", [

@@ -42,6 +42,10 @@ class PositionalTerms:
     ``key_bias``  (B|1, H, 1, Tk): a per-key term, e.g. Transformer-XL's u·k_j.
     ``relative``  list of (logits (B|1, H, Tq, R), index (B|1, Tq, Tk) long): the term
         logits[..., i, index[i, j]] -- Shaw's look-up table and Transformer-XL's relative sinusoid.
+    ``relative_factors``  list of (q_side (B|1, H, Tq, d), table (B|1, H|1, R, d), index (B|1, Tq, Tk)):
+        the same term with logits = q_side · table^T left unmultiplied, so that a backend can form
+        them for a block of rows and the few distances it needs (Transformer-XL, whose R = Tq + Tk - 1
+        would make (Tq, R) logits as large as two (Tq, Tk) matrices).
     ``bias``  (..., Tq, Tk) broadcastable: any dense additive term (e.g. a user's float mask).
     ``value``  list of (table (R, Dv), index (B|1, Tq, Tk)): adds sum_j w_ij table[index[i, j]] to the
         output -- Shaw et al.'s relative value embeddings a^V.
@@ -53,14 +57,15 @@ class PositionalTerms:
     relative: list = dataclasses.field(default_factory=list)
     bias: Tensor | None = None
     value: list = dataclasses.field(default_factory=list)
+    relative_factors: list = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return any(x is not None for x in (self.q_feat, self.key_bias, self.bias)) or bool(
-            self.relative) or bool(self.value)
+        return self.has_logits or bool(self.value)
 
     @property
     def has_logits(self) -> bool:
-        return any(x is not None for x in (self.q_feat, self.key_bias, self.bias)) or bool(self.relative)
+        return any(x is not None for x in (self.q_feat, self.key_bias, self.bias)) or bool(
+            self.relative) or bool(self.relative_factors)
 
     def log_factor(self, rows: slice = slice(None)) -> Tensor | None:
         """The dense (B|1, H|1, Tq', Tk) sum of the logit pieces for query rows ``rows``."""
@@ -77,6 +82,12 @@ class PositionalTerms:
         for logits, index in self.relative:
             logits = logits[..., rows, :]
             idx = index[..., rows, :].unsqueeze(1)  # (B|1, 1, Tq', Tk)
+            b = max(logits.shape[0], idx.shape[0])
+            idx = idx.expand(b, logits.shape[1], idx.shape[2], idx.shape[3])
+            add(torch.gather(logits.expand(b, *logits.shape[1:]), -1, idx))
+        for q_side, table, index in self.relative_factors:
+            logits = torch.matmul(q_side[..., rows, :], table.transpose(-1, -2))  # (B|1, H, Tq', R)
+            idx = index[..., rows, :].unsqueeze(1)
             b = max(logits.shape[0], idx.shape[0])
             idx = idx.expand(b, logits.shape[1], idx.shape[2], idx.shape[3])
             add(torch.gather(logits.expand(b, *logits.shape[1:]), -1, idx))

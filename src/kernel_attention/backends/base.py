@@ -1,0 +1,106 @@
+r"""What every attention backend receives and promises.
+
+A :class:`Problem` is one call of the kernel smoother after the inputs were checked and the filter
+resolved: per-head q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv), a :class:`Kernel`, the bool
+``keep`` mask (True = the key takes part, broadcastable to (B, H, Tq, Tk), or None for every key),
+the filter it came from, the positional terms, dropout and whether the weights are wanted.
+
+A :class:`Backend` answers two questions: :meth:`Backend.why_not` (None when it can run the problem,
+else the reason in words) and :meth:`Backend.run` (the output, (B, H, Tq, Dv), and the weights or None).
+Every backend must agree with ``dense`` -- the reference -- on values and gradients, including
+a zero output (and zero gradient) for a query whose filtered set is empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from kernel_attention.filters import Filter
+from kernel_attention.kernels import Kernel
+from kernel_attention.registry import Registry
+from kernel_attention.smoother import PositionalTerms
+
+__all__ = ["Problem", "Backend", "BACKENDS", "block_rows", "BLOCK_ELEMENTS"]
+
+#: Elements of one (B, H, rows, Tk) block in the chunked paths: memory grows as rows x Tk, not Tq x Tk.
+BLOCK_ELEMENTS = 1 << 24
+
+
+@dataclasses.dataclass
+class Problem:
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    kernel: Kernel
+    keep: Tensor | None = None
+    filter: Filter | None = None
+    key_mask: Tensor | None = None
+    terms: PositionalTerms | None = None
+    dropout_p: float = 0.0
+    need_weights: bool = False
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(B, H, Tq, Tk)."""
+        return self.q.shape[0], self.q.shape[1], self.q.shape[2], self.k.shape[2]
+
+    @property
+    def causal(self) -> bool:
+        """The filter is exactly the lower-right causal set (no padding, no other mask)."""
+        return self.filter is not None and self.filter.kind == "causal" and self.key_mask is None
+
+    @property
+    def full(self) -> bool:
+        """Every key takes part for every query."""
+        return self.keep is None
+
+    @property
+    def key_only(self) -> bool:
+        """The mask depends on the key alone (padding): shape (..., 1, Tk)."""
+        return self.keep is not None and (self.keep.dim() < 2 or self.keep.shape[-2] == 1 or self.keep.stride(-2) == 0)
+
+
+def block_rows(b: int, h: int, tq: int, tk: int, budget: int = BLOCK_ELEMENTS) -> int:
+    """Query rows per block so that a (B, H, rows, Tk) block has at most ``budget`` elements
+    (at least 16 rows, at most Tq)."""
+    rows = max(16, budget // max(1, b * h * tk))
+    return min(tq, rows)
+
+
+class Backend:
+    """Base class: ``name``, :meth:`why_not` and :meth:`run`."""
+
+    name = "backend"
+
+    def why_not(self, p: Problem) -> str | None:
+        """None when this backend runs ``p``; otherwise why not, in words."""
+        return None
+
+    def describe(self, p: Problem) -> str:
+        """How this backend would run ``p`` (called only when :meth:`why_not` is None)."""
+        return self.name
+
+    def run(self, p: Problem) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+BACKENDS = Registry("backend", base=Backend)
+
+
+def empty_rows(keep: Tensor | None) -> Tensor | None:
+    """(…, Tq, 1) bool, True where a query keeps no key; None when there is none."""
+    if keep is None:
+        return None
+    empty = ~keep.any(-1, keepdim=True)
+    return empty if bool(empty.any()) else None
+
+
+def as_float_mask(keep: Tensor, dtype) -> Tensor:
+    """0 where the key takes part, -inf elsewhere."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))

@@ -1,0 +1,219 @@
+r"""Soft-max attention over blocks of query rows, with any additive log-kernel term, in memory that
+grows as rows x Tk instead of Tq x Tk.
+
+For a block of query rows R and the span of keys C they may see,
+
+    s = scale · q'_R k'_C^T + b(R, C)        (b: log k of a kernel without features, log k_T, masks)
+    out_R = softmax(s) v_C  [+ value term]   lse_R = logsumexp(s)
+
+``b`` is produced by a callback from compact inputs (relative logits, features, key biases) and is
+*recomputed* in the backward pass instead of being stored, so nothing of size Tq x Tk outlives a
+block.  The forward uses PyTorch's fused CPU flash kernel when it can (no dropout, no value term) and
+explicit block soft-max otherwise; the backward is the flash-attention backward written per block:
+
+    P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - rowsum(P ⊙ dP)),
+    dq' = scale · dS k',  dk' += scale · dS^T q',  dv += P^T dO,  db = dS  (through autograd to b's inputs)
+
+Blocks skip keys outside the span the filter keeps for their rows (a local window touches only a
+band of keys; a causal block only the keys up to its last row).  A query whose filtered set is empty
+gets P = 0: zero output and zero gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["ChunkSpec", "plan_blocks", "chunked_smoother"]
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+@dataclasses.dataclass
+class ChunkSpec:
+    """Everything that is not a differentiable tensor.
+
+    ``bias_fn(rows, cols, extras)`` -> (B|1, H|1, |rows|, |cols|) or None: the additive term;
+    ``value_fn(weights, rows, cols, extras)`` -> (B, H, |rows|, Dv) or None: a term added to the output
+    that depends on the weights (Shaw's a^V).  ``extras`` are the tensors these read, in the order they
+    were passed to :func:`chunked_smoother`."""
+
+    scale: float
+    blocks: list
+    keep: Tensor | None = None
+    bias_fn: Callable | None = None
+    value_fn: Callable | None = None
+    dropout_p: float = 0.0
+    seed: int = 0
+
+    @property
+    def explicit(self) -> bool:
+        return self.dropout_p > 0 or self.value_fn is not None
+
+
+def plan_blocks(keep: Tensor | None, tq: int, tk: int, rows: int) -> tuple[Tensor | None, list]:
+    """Split the queries into blocks of ``rows`` and find, for each, the span [lo, hi) of keys that
+    any of its rows keeps.  Returns the mask as a 4-d (B|1, H|1, Tq, Tk) view and the blocks
+    [(r0, r1, lo, hi)]; hi == lo means the whole block sees no key."""
+    if keep is not None:
+        while keep.dim() < 4:
+            keep = keep.unsqueeze(0)
+        keep = keep.expand(keep.shape[0], keep.shape[1], tq, tk)
+    blocks = []
+    for r0 in range(0, tq, rows):
+        r1 = min(tq, r0 + rows)
+        if keep is None:
+            blocks.append((r0, r1, 0, tk))
+            continue
+        cols = keep[..., r0:r1, :].reshape(-1, tk).any(0).nonzero()
+        if len(cols) == 0:
+            blocks.append((r0, r1, 0, 0))
+        else:
+            blocks.append((r0, r1, int(cols[0]), int(cols[-1]) + 1))
+    return keep, blocks
+
+
+def _masked_bias(spec: ChunkSpec, bias: Tensor | None, rows: slice, cols: slice, like: Tensor):
+    """The block's bias with -inf where the filter drops the key (None when nothing to add)."""
+    if spec.keep is None:
+        return bias
+    kb = spec.keep[..., rows, cols]
+    if bool(kb.all()):
+        return bias
+    base = bias if bias is not None else like.new_zeros(())
+    return torch.where(kb, base, torch.tensor(float("-inf"), dtype=like.dtype, device=like.device))
+
+
+def _logits(spec, qf, kf, rows, cols, bias):
+    s = None
+    if qf is not None:
+        s = torch.matmul(qf[..., rows, :], kf[..., cols, :].transpose(-1, -2)) * spec.scale
+    if bias is not None:
+        s = bias if s is None else s + bias
+    return s
+
+
+def _dropout_mask(spec: ChunkSpec, i: int, like: Tensor) -> Tensor:
+    """The block's dropout multiplier, regenerated identically in the backward pass."""
+    gen = torch.Generator(device=like.device)
+    gen.manual_seed(spec.seed + i)
+    keep = torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype) >= spec.dropout_p
+    return keep.to(like.dtype) / (1.0 - spec.dropout_p)
+
+
+def _sum_to(x: Tensor, shape) -> Tensor:
+    """Sum a broadcast gradient back to ``shape``."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    dims = [i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
+    return x.sum(dims, keepdim=True) if dims else x
+
+
+def _pad_last(x: Tensor, d: int) -> Tensor:
+    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
+
+
+class _Chunked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec: ChunkSpec, qf, kf, v, *extras):
+        b, h, tq = v.shape[0], v.shape[1], spec.blocks[-1][1]
+        dv = v.shape[-1]
+        out = v.new_zeros(b, h, tq, dv)
+        lse = None
+        flash = not spec.explicit and qf is not None and v.device.type == "cpu"
+        if flash:
+            d = max(qf.shape[-1], dv)  # the flash kernel wants one head size for q, k and v
+            qp, kp, vp = _pad_last(qf, d), _pad_last(kf, d), _pad_last(v, d)
+        for i, (r0, r1, lo, hi) in enumerate(spec.blocks):
+            if hi <= lo:
+                continue
+            rows, cols = slice(r0, r1), slice(lo, hi)
+            bias = spec.bias_fn(rows, cols, extras) if spec.bias_fn is not None else None
+            bias = _masked_bias(spec, bias, rows, cols, v)
+            if flash:
+                if bias is not None:
+                    bias = bias.expand(b if bias.shape[0] != 1 else 1, h if bias.shape[1] != 1 else 1,
+                                       *bias.shape[2:]).to(v.dtype)
+                o, l = _flash(qp[..., rows, :], kp[..., cols, :], vp[..., cols, :], 0.0, False,
+                              attn_mask=bias, scale=spec.scale)
+                o = o[..., :dv]
+            else:
+                s = _logits(spec, qf, kf, rows, cols, bias).expand(b, h, r1 - r0, hi - lo)
+                l = torch.logsumexp(s, -1)
+                l = l.masked_fill(torch.isinf(l), 0.0)  # empty rows: P = exp(-inf) = 0
+                p = torch.exp(s - l.unsqueeze(-1))
+                if spec.dropout_p > 0:
+                    p = p * _dropout_mask(spec, i, p)
+                o = torch.matmul(p, v[..., cols, :])
+                if spec.value_fn is not None:
+                    o = o + spec.value_fn(p, rows, cols, extras)
+            if lse is None:
+                lse = l.new_zeros(b, h, tq)
+            out[..., rows, :] = o
+            lse[..., rows] = l
+        if lse is None:
+            lse = v.new_zeros(b, h, tq)
+        ctx.spec = spec
+        ctx.save_for_backward(qf, kf, v, out, lse, *extras)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout):
+        spec = ctx.spec
+        qf, kf, v, out, lse, *extras = ctx.saved_tensors
+        b, h = v.shape[0], v.shape[1]
+        dq = torch.zeros_like(qf) if qf is not None else None
+        dk = torch.zeros_like(kf) if kf is not None else None
+        dv = torch.zeros_like(v)
+        leaves = [x if x is None or x.is_leaf or not x.requires_grad else x.detach().requires_grad_()
+                  for x in extras]
+        want = [j for j, x in enumerate(leaves) if x is not None and x.requires_grad]
+        gext = [None] * len(extras)
+
+        def accumulate(grads, idx):
+            for j, g in zip(idx, grads):
+                if g is not None:
+                    gext[j] = g if gext[j] is None else gext[j] + g
+
+        for i, (r0, r1, lo, hi) in enumerate(spec.blocks):
+            if hi <= lo:
+                continue
+            rows, cols = slice(r0, r1), slice(lo, hi)
+            with torch.enable_grad():
+                bias_g = spec.bias_fn(rows, cols, leaves) if spec.bias_fn is not None else None
+            bias = _masked_bias(spec, bias_g.detach() if bias_g is not None else None, rows, cols, v)
+            s = _logits(spec, qf, kf, rows, cols, bias).expand(b, h, r1 - r0, hi - lo)
+            p = torch.exp(s - lse[..., rows].unsqueeze(-1).to(s.dtype))
+            dm = _dropout_mask(spec, i, p) if spec.dropout_p > 0 else None
+            pu = p * dm if dm is not None else p
+            g = gout[..., rows, :]
+            dv[..., cols, :] += torch.matmul(pu.transpose(-1, -2), g)
+            dpu = torch.matmul(g, v[..., cols, :].transpose(-1, -2))
+            if spec.value_fn is not None:
+                with torch.enable_grad():
+                    pl = pu.detach().requires_grad_()
+                    term = spec.value_fn(pl, rows, cols, leaves)
+                    grads = torch.autograd.grad(term, [pl] + [leaves[j] for j in want], g, allow_unused=True)
+                dpu = dpu + grads[0]
+                accumulate(grads[1:], want)
+            dp = dpu * dm if dm is not None else dpu
+            ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+            if qf is not None:
+                dq[..., rows, :] = torch.matmul(ds, kf[..., cols, :]) * spec.scale
+                dk[..., cols, :] += torch.matmul(ds.transpose(-1, -2), qf[..., rows, :]) * spec.scale
+            if bias_g is not None and bias_g.requires_grad:
+                idx = [j for j in want]
+                grads = torch.autograd.grad(bias_g, [leaves[j] for j in idx], _sum_to(ds, bias_g.shape),
+                                            allow_unused=True)
+                accumulate(grads, idx)
+        return (None, dq, dk, dv, *gext)
+
+
+def chunked_smoother(spec: ChunkSpec, qf: Tensor | None, kf: Tensor | None, v: Tensor, *extras: Tensor) -> Tensor:
+    """Blockwise soft-max attention (see the module docstring): qf (B, H, Tq, D') and kf (B, H, Tk, D')
+    the features whose scaled inner product enters the logits (or both None), v (B, H, Tk, Dv),
+    ``extras`` the tensors ``spec.bias_fn`` / ``spec.value_fn`` read.  Returns (B, H, Tq, Dv)."""
+    return _Chunked.apply(spec, qf, kf, v, *extras)

@@ -1,0 +1,100 @@
+r"""Choosing a backend, and saying why.
+
+``auto`` tries, in order:
+
+1. ``dense`` when the weights are asked for (only it forms them);
+2. ``fused`` for every positive kernel (soft-max of log k);
+3. ``linear`` for kernels with a finite feature map once the keys are at least
+   :func:`linear_crossover` (below it the quadratic form is faster on CPU);
+4. ``dense`` otherwise -- the fall-back, with the reasons the others gave.
+
+A backend asked for by name that cannot run the call raises :class:`BackendError` with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kernel_attention.backends.base import BACKENDS, Backend, Problem
+from kernel_attention.registry import SpecError
+
+__all__ = ["BackendError", "Choice", "choose", "resolve_backend", "linear_crossover", "AUTO"]
+
+AUTO = "auto"
+
+
+class BackendError(ValueError):
+    """A backend was asked for by name but cannot run this combination."""
+
+
+@dataclasses.dataclass
+class Choice:
+    """The backend that runs a call (``name``, ``backend``) and, for every backend, why it was or was
+    not chosen (``reasons``)."""
+
+    name: str
+    backend: Backend
+    reasons: dict
+
+    def __str__(self) -> str:
+        lines = [f"backend: {self.name}"]
+        lines += [f"  {n}: {r}" for n, r in self.reasons.items()]
+        return "\n".join(lines)
+
+
+def linear_crossover(features: int, d_head: int) -> int:
+    """Keys from which ``linear`` beats ``dense`` on CPU, by the cost model T·F ~ T^2·D measured in
+    docs/benchmarks.md (linear kernel F = D: from a few hundred keys; poly degree 2 F = D(D+1)/2:
+    from about a thousand)."""
+    return max(256, features // 2)
+
+
+def resolve_backend(spec) -> Backend:
+    """A backend instance from a name / spec / instance (``"fused:key_bias=mask"``)."""
+    return BACKENDS.create(spec)
+
+
+def choose(p: Problem, backend=AUTO) -> Choice:
+    """The backend for problem ``p``: ``backend`` is ``"auto"`` or a backend spec."""
+    names = BACKENDS.names()
+    if backend != AUTO:
+        if isinstance(backend, str) and backend.split(":")[0] not in names:
+            raise SpecError(f"unknown backend {backend!r}; accepted: auto, {', '.join(names)}")
+        chosen = resolve_backend(backend)
+        why = chosen.why_not(p)
+        if why is not None:
+            raise BackendError(f"backend {chosen.name!r} cannot run this call: {why}. Use backend='auto' "
+                               f"(or 'dense', which runs everything).")
+        reasons = {n: ("requested" if n == chosen.name else "not requested") for n in names}
+        reasons[chosen.name] = "requested; " + chosen.describe(p)
+        return Choice(chosen.name, chosen, reasons)
+
+    cands = {n: resolve_backend(n) for n in names}
+    why = {n: b.why_not(p) for n, b in cands.items()}
+    reasons: dict = {}
+    chosen = None
+    if p.need_weights:
+        chosen = "dense"
+        reasons["dense"] = "chosen: need_weights=True and only dense forms the weights"
+    elif why["fused"] is None:
+        chosen = "fused"
+    elif why["linear"] is None:
+        from kernel_attention.backends.linear import feature_size
+
+        f, tk = feature_size(p), p.shape[3]
+        cross = linear_crossover(f, p.q.shape[-1])
+        if tk >= cross:
+            chosen = "linear"
+        else:
+            why["linear"] = (f"can run, but Tk={tk} is below its crossover with dense ({cross} keys for "
+                             f"F={f}); pass backend='linear' to force it")
+    if chosen is None:
+        chosen = "dense"
+        reasons["dense"] = "chosen as the fall-back: no faster backend runs this call (see their reasons)"
+    for n in names:
+        if n == chosen:
+            reasons.setdefault(n, "chosen: " + cands[n].describe(p))
+        elif n not in reasons:
+            reasons[n] = ("not chosen: " + why[n]) if why[n] is not None else (
+                "can run, but " + chosen + " is preferred here")
+    return Choice(chosen, cands[chosen], reasons)

@@ -1,0 +1,263 @@
+r"""``fused``: every positive kernel as a soft-max of log k on PyTorch's fused attention.
+
+A positive kernel smoother is softmax(log k_F + log k_T) (Transformer Dissection, Definition 1, in
+log space), so it runs on ``scaled_dot_product_attention`` once log k is written as
+
+    log k(x_i, x_j) = scale · <q'_i, k'_j> + b_ij + (constant along row i).
+
+Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
+
+* **direct** -- one SDPA call, no (Tq, Tk) tensor at all: the kernel has features
+  (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with the key-norm term as an augmented feature or as a
+  key bias; ``periodic`` as Fourier features), the positional factor is absent or an inner product
+  (``product``: its features are concatenated), and the filter is full, causal or padding.
+* **blocked** -- everything else (relative positions ``shaw``/``xl``, dense float biases, kernels
+  with only ``log_kernel`` such as the implicit kernels, sparse filters, dropout with a value term):
+  query rows are processed in blocks with b formed per block and recomputed in the backward pass
+  (:mod:`kernel_attention.backends.chunked`), so extra memory grows as rows x Tk.  Sparse filters
+  skip the keys outside each block's span (a local window costs a band, not a square).
+
+On CUDA the same decomposition can run on FlexAttention (:mod:`kernel_attention.backends.flex`) where
+it is faster; the SDPA paths stay the fallback and the only path on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float_mask, block_rows,
+                                            empty_rows, BLOCK_ELEMENTS)
+from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
+from kernel_attention.registry import Param
+
+__all__ = ["FusedBackend"]
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _pad_last(x: Tensor, d: int) -> Tensor:
+    return x if x.shape[-1] == d else F.pad(x, (0, d - x.shape[-1]))
+
+
+class _KeyBiasSDPA(torch.autograd.Function):
+    """softmax(scale · q k^T + kb_j [+ mask]) v with a differentiable per-key bias kb (B, H, 1, Tk).
+
+    Forward: the flash kernel with kb as its additive mask.  Backward: the flash backward on the
+    augmented features q~ = [q, 1], k~ = [k, kb / scale], whose logits are the same, so dk~'s last
+    column is scale · d(kb).  No (Tq, Tk) tensor in either pass."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kb, mask, is_causal: bool, scale: float):
+        dv = v.shape[-1]
+        d = max(q.shape[-1], dv)
+        am = kb if mask is None else kb + mask
+        out, lse = _flash(_pad_last(q, d), _pad_last(k, d), _pad_last(v, d), 0.0, is_causal,
+                          attn_mask=am, scale=scale)
+        out = out[..., :dv]
+        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.save_for_backward(q, k, v, kb, mask, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout):
+        q, k, v, kb, mask, out, lse = ctx.saved_tensors
+        scale, dq_size, dv = ctx.scale, q.shape[-1], v.shape[-1]
+        b, h, tk = k.shape[0], k.shape[1], k.shape[2]
+        qa = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], -1)
+        kba = kb.expand(b, h, 1, tk).transpose(-1, -2) / scale
+        ka = torch.cat([k, kba], -1)
+        d = max(dq_size + 1, dv)
+        dqa, dka, dva = _flash_backward(_pad_last(gout.contiguous(), d), _pad_last(qa, d), _pad_last(ka, d),
+                                        _pad_last(v, d), _pad_last(out, d), lse, 0.0, ctx.is_causal,
+                                        attn_mask=mask, scale=scale)
+        dkb = (dka[..., dq_size] / scale).unsqueeze(-2)  # (B, H, 1, Tk)
+        return dqa[..., :dq_size], dka[..., :dq_size], dva[..., :dv], dkb, None, None, None
+
+
+def _gather_rel(logits: Tensor, idx: Tensor) -> Tensor:
+    """logits (B|1, H, R', c) rows, idx (B|1, c, n) -> logits[..., i, idx[i, j]] (B|1, H, c, n)."""
+    idx = idx.unsqueeze(1)
+    b = max(logits.shape[0], idx.shape[0])
+    idx = idx.expand(b, logits.shape[1], idx.shape[2], idx.shape[3])
+    return torch.gather(logits.expand(b, *logits.shape[1:]), -1, idx)
+
+
+@BACKENDS.register("fused", [
+    Param("key_bias", str, "features", choices=("features", "mask"),
+          doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as an SDPA bias"),
+    Param("block", int, BLOCK_ELEMENTS, check=lambda x: x >= 1024, rule=">= 1024",
+          doc="elements of one (B, H, rows, Tk) block on the blocked path"),
+])
+class FusedBackend(Backend):
+    """Positive kernels on ``scaled_dot_product_attention`` (see the module docstring)."""
+
+    name = "fused"
+
+    def __init__(self, key_bias: str = "features", block: int = BLOCK_ELEMENTS):
+        self.key_bias, self.block = key_bias, block
+
+    def why_not(self, p: Problem) -> str | None:
+        if p.need_weights:
+            return "need_weights=True: only dense materialises the (Tq, Tk) weights"
+        if not p.kernel.positive:
+            return (f"kernel {p.kernel.name!r} is direct (k may be zero or negative and is normalised as "
+                    f"k / sum k), so it is not a soft-max of log k")
+        if getattr(p.kernel, "magnitude_dropout", 0.0) > 0 and p.kernel.training:
+            return (f"kernel {p.kernel.name!r} applies dropout to its (Tq, Tk) magnitude logits in training, "
+                    f"which blocks cannot redraw identically")
+        return None
+
+    # ---- planning -------------------------------------------------------------------------------
+    def _direct_mask(self, p: Problem):
+        """(ok, float mask or None, is_causal) for the one-call path."""
+        b, h, tq, tk = p.shape
+        if p.keep is None:
+            return True, None, False
+        if p.causal and tq == tk:
+            return True, None, True
+        if p.key_only and empty_rows(p.keep) is None:
+            return True, as_float_mask(p.keep, p.q.dtype), False
+        return False, None, False
+
+    def _direct(self, p: Problem) -> bool:
+        t = p.terms
+        if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
+                              or t.key_bias is not None):
+            return False
+        if not _has_form(p):
+            return False
+        return self._direct_mask(p)[0]
+
+    def describe(self, p: Problem) -> str:
+        if self._direct(p):
+            form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
+            how = "key bias" if form.key_bias is not None else "features"
+            extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
+            mask = ", causal" if self._direct_mask(p)[2] else (", padding mask" if p.keep is not None else "")
+            return f"fused: one SDPA call on {p.kernel.name} {how}{extra}{mask}"
+        b, h, tq, tk = p.shape
+        rows = block_rows(b, h, tq, tk, self.block)
+        _, blocks = plan_blocks(p.keep, tq, tk, rows)
+        kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
+        why = []
+        if not _has_form(p):
+            why.append(f"kernel {p.kernel.name!r} has no SDPA features, so log k is formed per block")
+        if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
+            why.append("relative positions add a gathered (rows, Tk) term per block")
+        if p.terms is not None and p.terms.bias is not None:
+            why.append("a dense float bias is added per block")
+        if p.terms is not None and p.terms.value:
+            why.append("the relative value term needs the weights, formed explicitly per block")
+        if p.keep is not None and not self._direct_mask(p)[0]:
+            why.append(f"filter {p.filter!r}: blocks skip keys outside their span, computing "
+                       f"{100 * kept:.0f}% of the (Tq, Tk) pairs"
+                       + ("" if kept < 0.75 else " (little to skip: the mask is applied, not exploited)"))
+        return (f"fused: blocked SDPA, {len(blocks)} blocks of {rows} query rows; " + "; ".join(why))
+
+    # ---- running --------------------------------------------------------------------------------
+    def run(self, p: Problem):
+        q, k, v, kern, t = p.q, p.k, p.v, p.kernel, p.terms
+        b, h, tq, tk = p.shape
+        form = kern.sdpa_form(q, k, key_bias=self.key_bias)
+        qf = kf = None
+        scale = 1.0
+        key_bias = None
+        if form is not None:
+            qf, kf, scale, key_bias = form.q, form.k, form.scale, form.key_bias
+            if t is not None and t.q_feat is not None:
+                # <q_feat, k_feat> joins the inner product: [q'; q_feat / scale] · [k'; k_feat] · scale.
+                qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
+                kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
+                qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
+        if self._direct(p):
+            ok, mask, is_causal = self._direct_mask(p)
+            if key_bias is None:
+                d = max(qf.shape[-1], v.shape[-1])
+                out = F.scaled_dot_product_attention(_pad_last(qf, d), _pad_last(kf, d), _pad_last(v, d),
+                                                     attn_mask=mask, dropout_p=p.dropout_p,
+                                                     is_causal=is_causal, scale=scale)
+                return out[..., :v.shape[-1]], None
+            if p.dropout_p == 0.0 and q.device.type == "cpu":
+                return _KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
+        return self._blocked(p, qf, kf, scale, key_bias), None
+
+    def _blocked(self, p: Problem, qf, kf, scale, key_bias):
+        q, k, v, kern, t = p.q, p.k, p.v, p.kernel, p.terms
+        b, h, tq, tk = p.shape
+        keep, blocks = plan_blocks(p.keep, tq, tk, block_rows(b, h, tq, tk, self.block))
+        extras: list = []
+        pieces = []  # callables (rows, cols, ex) -> additive term
+
+        def slot(x):
+            extras.append(x)
+            return len(extras) - 1
+
+        if qf is None:  # a kernel with log_kernel only: log k per block, gradients through autograd
+            state, f = kern.blockwise(q, k)
+            iq, ik = slot(q), slot(k)
+            ist = [slot(x) for x in state]
+            for w in kern.parameters():  # reached by f directly; passed so that they get gradients
+                if w.requires_grad:
+                    slot(w)
+            pieces.append(lambda r, c, ex: f(ex[iq][..., r, :], ex[ik][..., c, :], *[ex[i] for i in ist]))
+        if key_bias is not None:
+            i = slot(key_bias)
+            pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
+        if t is not None:
+            if t.q_feat is not None and qf is None:  # not concatenated to features: a per-block product
+                iqf, ikf = slot(t.q_feat), slot(t.k_feat)
+                pieces.append(lambda r, c, ex: torch.matmul(ex[iqf][..., r, :], ex[ikf][..., c, :].transpose(-1, -2)))
+            if t.key_bias is not None:
+                i = slot(t.key_bias)
+                pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
+            for logits, index in t.relative:
+                i = slot(logits)
+                pieces.append(lambda r, c, ex, i=i, index=index: _gather_rel(ex[i][..., r, :], index[..., r, c]))
+            for q_side, table, index in t.relative_factors:
+                iq_, it_ = slot(q_side), slot(table)
+
+                def rel(r, c, ex, iq_=iq_, it_=it_, index=index):
+                    idx = index[..., r, c]
+                    lo, hi = int(idx.min()), int(idx.max()) + 1  # only the distances this block meets
+                    lg = torch.matmul(ex[iq_][..., r, :], ex[it_][..., lo:hi, :].transpose(-1, -2))
+                    return _gather_rel(lg, idx - lo)
+                pieces.append(rel)
+            if t.bias is not None:
+                i = slot(t.bias)
+                pieces.append(lambda r, c, ex, i=i: (ex[i] if ex[i].shape[-2] == 1 else ex[i][..., r, :])[..., c])
+
+        def bias_fn(r, c, ex):
+            out = None
+            for f in pieces:
+                x = f(r, c, ex)
+                out = x if out is None else out + x
+            return out
+
+        value_fn = None
+        if t is not None and t.value:
+            tables = [(slot(table), index) for table, index in t.value]
+
+            def value_fn(w, r, c, ex):
+                out = None
+                for i, index in tables:
+                    table = ex[i]
+                    idx = index[..., r, c].unsqueeze(1).expand_as(w)
+                    per_row = w.new_zeros(*w.shape[:-1], table.shape[0]).scatter_add(-1, idx, w)
+                    term = torch.matmul(per_row, table.to(w.dtype))
+                    out = term if out is None else out + term
+                return out
+
+        seed = int(torch.randint(0, 2 ** 62, (1,))) if p.dropout_p > 0 else 0
+        spec = ChunkSpec(scale=scale, blocks=blocks, keep=keep, bias_fn=bias_fn if pieces else None,
+                         value_fn=value_fn, dropout_p=p.dropout_p, seed=seed)
+        return chunked_smoother(spec, qf, kf, v, *extras)
+
+
+def _has_form(p: Problem) -> bool:
+    """Whether the kernel has SDPA features (asked on one query and one key, which is cheap)."""
+    return p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :]) is not None

@@ -1,0 +1,216 @@
+"""Every backend agrees with ``dense`` (values and gradients) on every combination it accepts; the
+dispatcher picks the expected backend and says why; unsupported requests fail clearly."""
+
+import pytest
+import torch
+
+import kernel_attention as ka
+from kernel_attention.backends import BACKENDS, BackendError
+from kernel_attention.functional import attention, explain
+from kernel_attention.positions import default_positions, make_position
+from kernel_attention.registry import SpecError
+
+B, H, D = 2, 2, 8
+DT = torch.float64
+
+
+def _inputs(tq, tk, d=D, seed=0, dtype=DT):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, tq, d, generator=g, dtype=dtype).requires_grad_()
+    k = torch.randn(B, H, tk, d, generator=g, dtype=dtype).requires_grad_()
+    v = torch.randn(B, H, tk, d, generator=g, dtype=dtype).requires_grad_()
+    return q, k, v
+
+
+def _run(backend, kernel, position="none", filt=None, tq=23, tk=23, key_mask=None, value_position="none",
+         self_attention=True, dropout_p=0.0, dtype=DT):
+    """Output and gradients (q, k, v, positional and kernel parameters) for one combination."""
+    torch.manual_seed(1)
+    pos = make_position(position, d_model=H * D, n_heads=H, d_head=D, value_position=value_position).to(dtype)
+    kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(dtype).eval()
+    q, k, v = _inputs(tq, tk, dtype=dtype)
+    pq, pk = default_positions(tq, tk, "cpu", self_attention)
+    terms = pos.terms(q, k, pq, pk)
+    torch.manual_seed(2)
+    out = attention(q, k, v, kern, filt, terms=terms, key_mask=key_mask, backend=backend, dropout_p=dropout_p)
+    params = [q, k, v] + [p for p in pos.parameters()] + [p for p in kern.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out, params, torch.ones_like(out) + out.detach(), allow_unused=True)
+    return out, grads
+
+
+def _close(a, b, atol=1e-10):
+    out_a, ga = a
+    out_b, gb = b
+    torch.testing.assert_close(out_a, out_b, atol=atol, rtol=atol)
+    for x, y in zip(ga, gb):
+        if x is None or y is None:
+            assert (x is None or not x.any()) and (y is None or not y.any())
+        else:
+            torch.testing.assert_close(x, y, atol=atol, rtol=atol)
+
+
+def _key_mask(tk, empty=False):
+    km = torch.ones(B, tk, dtype=torch.bool)
+    km[1, tk // 2:] = False
+    if empty:
+        km[0] = False  # every key of sequence 0 is padding: all its queries have an empty set
+    return km
+
+
+# small blocks so that the blocked path runs several blocks (and skips keys) even on tiny inputs
+FUSED = ["fused:block=1024", "fused:key_bias=mask,block=1024", "fused"]
+POSITIVE = ["exp", "rbf", "periodic", "ikas", "rbf-only"]
+POSITIONS = ["none", "shaw", "xl", "product"]
+FILTERS = [None, "causal", "local:window=4", "strided:stride=3", "padding"]
+
+
+@pytest.mark.parametrize("kernel", POSITIVE)
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("filt", FILTERS)
+def test_fused_matches_dense(kernel, position, filt):
+    km = _key_mask(23) if filt == "padding" else None
+    ref = _run("dense", kernel, position, filt, key_mask=km)
+    for backend in FUSED[:2] if kernel == "rbf" else FUSED[:1]:
+        _close(_run(backend, kernel, position, filt, key_mask=km), ref)
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
+def test_fused_direct_path_matches_dense(kernel):
+    # Default block budget: one SDPA call for full, causal and padding filters.
+    for filt, km in ((None, None), ("causal", None), (None, _key_mask(23))):
+        _close(_run("fused", kernel, "product", filt, key_mask=km), _run("dense", kernel, "product", filt, key_mask=km))
+        _close(_run("fused:key_bias=mask", kernel, "none", filt, key_mask=km),
+               _run("dense", kernel, "none", filt, key_mask=km))
+
+
+def test_fused_shaw_relative_values():
+    for filt in (None, "causal", "local:window=3"):
+        ref = _run("dense", "exp", "shaw", filt, value_position="relative")
+        _close(_run("fused:block=1024", "exp", "shaw", filt, value_position="relative"), ref)
+
+
+@pytest.mark.parametrize("position", ["none", "xl", "shaw"])
+def test_fused_memory_and_cross_attention(position):
+    # Tq < Tk: a Transformer-XL memory in front of the segment (lower-right aligned), then encoder-decoder.
+    for filt in ("memory", "memory:same_length=true", "causal"):
+        ref = _run("dense", "exp", position, filt, tq=11, tk=29)
+        _close(_run("fused:block=1024", "exp", position, filt, tq=11, tk=29), ref)
+    ref = _run("dense", "rbf", position, None, tq=11, tk=29, self_attention=False)
+    _close(_run("fused", "rbf", position, None, tq=11, tk=29, self_attention=False), ref)
+
+
+@pytest.mark.parametrize("backend", ["fused", "fused:block=1024", "fused:key_bias=mask", "linear:chunk=5"])
+def test_empty_rows_are_zero_with_finite_gradients(backend):
+    kernel = "poly" if backend.startswith("linear") else "rbf"
+    km = _key_mask(23, empty=True)
+    out, grads = _run(backend, kernel, "none", None, key_mask=km)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert all(torch.isfinite(g).all() for g in grads if g is not None)
+    assert not grads[0][0].any()  # no gradient reaches the queries of the empty rows
+    _close((out, grads), _run("dense", kernel, "none", None, key_mask=km))
+
+
+@pytest.mark.parametrize("kernel", ["linear", "poly", "poly:degree=3", "poly:degree=1"])
+@pytest.mark.parametrize("filt", [None, "causal", "padding", "causal&padding"])
+def test_linear_matches_dense(kernel, filt):
+    km = _key_mask(23) if "padding" in str(filt) else None
+    ref = _run("dense", kernel, "none", filt, key_mask=km)
+    for backend in ("linear", "linear:chunk=5"):
+        _close(_run(backend, kernel, "none", filt, key_mask=km), ref, atol=1e-8)
+
+
+def test_poly_features_are_the_kernel():
+    x, y = torch.randn(5, D, dtype=DT), torch.randn(7, D, dtype=DT)
+    for degree in (1, 2, 3):
+        kern = ka.make_kernel(f"poly:degree={degree}")
+        phi = kern.feature_map(x) @ kern.feature_map(y).T
+        torch.testing.assert_close(phi, (x @ y.T) ** degree)
+    assert ka.make_kernel("poly:degree=2").feature_map(x).shape[-1] == D * (D + 1) // 2
+    assert ka.make_kernel("exp").feature_map(x) is None
+
+
+def test_float32_agrees():
+    ref = _run("dense", "exp", "xl", "causal", tq=64, tk=64, dtype=torch.float32)
+    _close(_run("fused:block=1024", "exp", "xl", "causal", tq=64, tk=64, dtype=torch.float32), ref, atol=2e-4)
+    ref = _run("dense", "periodic", "product", None, tq=64, tk=64, dtype=torch.float32)
+    _close(_run("fused", "periodic", "product", None, tq=64, tk=64, dtype=torch.float32), ref, atol=2e-4)
+
+
+def test_dropout_on_blocked_path_has_consistent_gradients():
+    # The dropout mask is redrawn identically in the backward pass: gradcheck with a fixed seed.
+    q, k, v = (x.detach()[:1, :1, :9, :4].clone().requires_grad_() for x in _inputs(9, 9))
+    table = torch.randn(7, 4, dtype=DT)
+    idx = (torch.arange(9)[:, None] - torch.arange(9)[None, :]).clamp(-3, 3) + 3
+    terms = ka.PositionalTerms(relative=[((q @ torch.randn(4, 7, dtype=DT)), idx[None])], value=[(table, idx[None])])
+
+    def f(q, k, v):
+        torch.manual_seed(0)
+        t = ka.PositionalTerms(relative=[(q @ terms.relative[0][0].detach()[0, 0, :, :0].new_ones(4, 7), idx[None])],
+                               value=terms.value)
+        return attention(q, k, v, "exp", "causal", terms=t, dropout_p=0.3, backend="fused:block=1024")
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+# ---- dispatch ------------------------------------------------------------------------------------
+
+def _choice(kernel, mask=None, t=23, d=D, **kw):
+    q, k, v = _inputs(t, t, d=d)
+    return explain(q, k, v, kernel, mask, **kw)
+
+
+def test_auto_picks_the_expected_backend():
+    assert _choice("exp").name == "fused"
+    assert _choice("rbf", "causal").name == "fused"
+    assert _choice("periodic", "local:window=2").name == "fused"
+    assert _choice("exp", need_weights=True).name == "dense"
+    assert _choice("poly", "causal").name == "dense"  # below the crossover
+    assert _choice("linear", "causal", t=300, d=4).name == "linear"
+    c = _choice("poly", "local:window=2", t=300, d=4)
+    assert c.name == "dense"
+    assert "neither full, causal nor padding" in c.reasons["linear"]
+    assert "direct" in c.reasons["fused"]
+    assert "fall-back" in c.reasons["dense"]
+    assert "local" in _choice("exp", "local:window=2").reasons["fused"]
+    name, reasons = ka.choose_backend(*_inputs(23, 23), "exp")
+    assert name == "fused" and set(reasons) == set(BACKENDS.names())
+
+
+def test_unsupported_backend_requests_fail_clearly():
+    q, k, v = _inputs(23, 23)
+    with pytest.raises(BackendError, match="direct"):
+        attention(q, k, v, "poly", backend="fused")
+    with pytest.raises(BackendError, match="finite feature map"):
+        attention(q, k, v, "exp", backend="linear")
+    with pytest.raises(BackendError, match="need_weights"):
+        attention(q, k, v, "exp", backend="fused", need_weights=True)
+    with pytest.raises(SpecError, match="accepted: auto, dense"):
+        attention(q, k, v, "exp", backend="flash")
+    out, w = attention(q, k, v, "exp", need_weights=True)  # auto falls back to dense for the weights
+    assert w.shape == (B, H, 23, 23)
+
+
+@pytest.mark.parametrize("position", ["shaw", "xl", "product"])
+def test_kernel_attention_backends_agree(position):
+    torch.manual_seed(0)
+    x = torch.randn(2, 19, 16, dtype=DT)
+    outs = []
+    for backend in ("dense", "auto", "fused"):
+        torch.manual_seed(0)
+        layer = ka.KernelAttention(16, 2, kernel="rbf", position=position, filter="causal", backend=backend).to(DT)
+        y = layer(x)
+        y.sum().backward()
+        outs.append((y, [p.grad for p in layer.parameters()]))
+    for o in outs[1:]:
+        _close(o, outs[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_backends_agree():
+    dev = torch.device("cuda")
+    q, k, v = (x.detach().to(dev).float().requires_grad_() for x in _inputs(64, 64))
+    for kernel, mask in (("exp", "causal"), ("rbf", None), ("periodic", "local:window=8")):
+        ref = attention(q, k, v, kernel, mask, backend="dense")
+        out = attention(q, k, v, kernel, mask, backend="fused")
+        torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
