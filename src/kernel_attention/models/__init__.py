@@ -74,8 +74,11 @@ MODELS.register("ablated_lstm", [
     Param("activation", str, "sigmoid", choices=("sigmoid", "tanh")), Param("bias", bool, False),
 ], doc="Transformer Networks ablated LSTM, Eqs. 20-21")(AblatedLSTM)
 
-try:  # the GAT node classifier needs graph.py's GraphAttention
-    from kernel_attention.models.node_classifier import NodeClassifier  # noqa: F401
-    __all__.append("NodeClassifier")
-except ImportError:  # pragma: no cover - graph.py not there yet
-    NodeClassifier = None
+from kernel_attention.models.node_classifier import NodeClassifier  # noqa: E402
+
+__all__.append("NodeClassifier")
+MODELS.register("node_classifier", [
+    Param("hidden", int, 8, **_pos), Param("heads", int, 8, **_pos), Param("out_heads", int, 1, **_pos),
+    Param("dropout", float, 0.6, **_prob), Param("kernel", str, "gat", doc="'gat' or a positive implicit kernel"),
+    Param("negative_slope", float, 0.2),
+], doc="two-layer GAT node classifier (8 heads x 8 hidden, ELU, dropout 0.6)")(NodeClassifier)

@@ -1,0 +1,145 @@
+r"""Word-level language modelling with Transformer-XL segment memory (perplexity).
+
+    task: {name: lm, batch_size: 60, tgt_len: 150}
+    data: {dataset: wikitext-103}
+    model: {name: lm, mem_len: 150, attention: {kernel: exp, position: xl}}
+    eval: {tgt_len: 64, mem_len: 640, clamp_len: 400, batch_size: 10}      # TXL's evaluation setting
+
+The training stream is cut into ``batch_size`` contiguous rows (per rank: ``batch_size`` rows of its own,
+as TXL's data-parallel split) and read ``tgt_len`` tokens at a time; the model's memory is carried from one
+segment to the next and reset at the start of every epoch.  Evaluation reads a split the same way with the
+``eval`` lengths (memory length and clamp length are switched for the evaluation only) and reports
+``ppl = exp(sum NLL / tokens)`` and ``loss`` (mean NLL).  A resumed run restarts its memory empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernel_attention.data.wikitext import LMOrderedIterator
+from kernel_attention.tasks.common import check_options, model_spec
+from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
+from kernel_attention.training.metrics import perplexity
+from kernel_attention.training.task import Task, unwrap
+
+__all__ = ["LanguageModelingTask"]
+
+EVAL_DEFAULTS = {"tgt_len": None, "mem_len": None, "clamp_len": None, "batch_size": 10}
+
+
+class LanguageModelingTask(Task):
+    """Args (``task:``): batch_size, tgt_len.  ``data``: {dataset}.  ``model``: the ``lm`` model section.
+    ``eval``: {tgt_len, mem_len, clamp_len, batch_size} (None = the training values)."""
+
+    metric_for_selection = "ppl"
+    higher_is_better = False
+
+    def __init__(self, batch_size: int = 60, tgt_len: int = 150, *, model: Any = None, data: dict | None = None,
+                 eval: dict | None = None, seed: int = 0):
+        check_dataset_spec(data, "task 'lm'", ("lm",))
+        self.batch_size, self.tgt_len, self.seed = batch_size, tgt_len, seed
+        self.model_spec = model_spec(model, "lm", ["lm"])
+        self.eval_opts = check_options(eval, EVAL_DEFAULTS, "eval")
+        self.data = data
+        self._corpus = None
+        self._mems = None
+
+    @property
+    def corpus(self):
+        if self._corpus is None:
+            self._corpus = load_dataset(self.data, "task 'lm'")
+        return self._corpus
+
+    @property
+    def vocab(self):
+        return self.corpus.vocab
+
+    def build_model(self) -> nn.Module:
+        from kernel_attention.models import MODELS
+        return MODELS.create(self.model_spec, vocab=len(self.corpus.vocab))
+
+    def _rows(self, rank: int, world_size: int) -> torch.Tensor:
+        it = LMOrderedIterator(self.corpus.splits["train"], self.batch_size * world_size, self.tgt_len)
+        return it.streams[rank * self.batch_size:(rank + 1) * self.batch_size]
+
+    def num_batches(self, epoch, rank=0, world_size=1):
+        n = self._rows(rank, world_size).shape[1]
+        return (n - 1 + self.tgt_len - 1) // self.tgt_len
+
+    def train_batches(self, epoch, rank=0, world_size=1):
+        rows = self._rows(rank, world_size)
+        n = rows.shape[1]
+        for k, i in enumerate(range(0, n - 1, self.tgt_len)):
+            t = min(self.tgt_len, n - 1 - i)
+            yield {"input": rows[:, i:i + t], "target": rows[:, i + 1:i + 1 + t], "reset": k == 0}
+
+    def batch_tokens(self, batch):
+        return int(batch["target"].numel())
+
+    def loss(self, model, batch):
+        batch = self.to_device(batch)
+        if batch["reset"]:
+            self._mems = None
+        logits, self._mems = model(batch["input"], self._mems)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch["target"].reshape(-1))
+        return loss, {}
+
+    def evaluate(self, model, split):
+        m = unwrap(model)
+        saved = (m.mem_len, [getattr(l.self_attn.position, "clamp_len", None) for l in m.layers])
+        o = self.eval_opts
+        if o["mem_len"] is not None:
+            m.mem_len = int(o["mem_len"])
+        if o["clamp_len"] is not None:
+            m.set_clamp_len(int(o["clamp_len"]))
+        try:
+            it = LMOrderedIterator(self.corpus.splits[split], int(o["batch_size"]), int(o["tgt_len"] or self.tgt_len))
+            mems, nll, n = None, 0.0, 0
+            for seg in it:
+                x, y = seg.input.to(self.device), seg.target.to(self.device)
+                logits, mems = m(x, mems)
+                nll += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                             reduction="sum"))
+                n += y.numel()
+        finally:
+            m.mem_len = saved[0]
+            for layer, c in zip(m.layers, saved[1]):
+                if hasattr(layer.self_attn.position, "clamp_len"):
+                    layer.self_attn.position.clamp_len = c
+        return {"ppl": perplexity(nll, n), "loss": nll / max(n, 1)}
+
+    @torch.no_grad()
+    def generate(self, model: nn.Module, prompt: list[str], max_new: int = 20, temperature: float = 0.0,
+                 seed: int = 0) -> list[str]:
+        """Continue ``prompt`` (words) token by token, feeding each new token with the memory;
+        temperature 0 = greedy."""
+        m = unwrap(model).eval()
+        vocab = self.vocab
+        ids = torch.tensor([[vocab[w] for w in prompt]], device=self.device)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        mem_len = m.mem_len
+        m.mem_len = max(mem_len, 10 ** 6) if mem_len > 0 else 0  # keep the whole context when memory is on
+        out: list[str] = []
+        try:
+            mems = None
+            x = ids
+            ctx = ids
+            for _ in range(max_new):
+                logits, mems = m(x if mems is not None else ctx, mems)
+                last = logits[0, -1].float()
+                if temperature > 0:
+                    tok = int(torch.multinomial(torch.softmax(last / temperature, -1).cpu(), 1, generator=gen))
+                else:
+                    tok = int(last.argmax())
+                out.append(vocab.decode([tok], strip_specials=False)[0])
+                x = torch.tensor([[tok]], device=self.device)
+                ctx = torch.cat([ctx, x], 1)
+                if m.mem_len == 0:
+                    mems = None  # no memory: recompute on the whole context
+        finally:
+            m.mem_len = mem_len
+        return out

@@ -1,0 +1,156 @@
+r"""Machine translation on parallel text with BPE (BLEU with greedy or beam search).
+
+    task: {name: translation, max_tokens: 4096, label_smoothing: 0.1, bpe_vocab_size: 10000, joint_bpe: true}
+    data: {dataset: iwslt14}                 # or multi30k, or an already prepared TranslationData
+    model: {name: translation, ...}          # fairseq transformer_iwslt_de_en shape
+    eval: {beam: 5, len_penalty: 1.0, max_len_a: 1.2, max_len_b: 10, bleu: tokenized, max_sentences: null}
+
+Training: token-based batches (``max_tokens`` padded tokens per batch, shuffled with the ``(seed, epoch)``
+generator), fairseq's label-smoothed cross-entropy.  Evaluation: the valid/test split is decoded (beam
+search of :mod:`kernel_attention.training.decoding`, up to ``max_len_a * S + max_len_b`` tokens), BPE is
+removed (``--remove-bpe``) and BLEU is computed on the tokenised text (``bleu: tokenized``, fairseq's
+``--scoring bleu``; ``sacrebleu`` for detokenised sacreBLEU).  Also reports the teacher-forced ``loss``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernel_attention.registry import SpecError
+from kernel_attention.tasks.common import check_options, generator, label_smoothed_nll, model_spec
+from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
+from kernel_attention.training.decoding import beam_search, greedy_search
+from kernel_attention.training.metrics import sacrebleu_score, tokenized_bleu
+from kernel_attention.training.task import Task, unwrap
+
+__all__ = ["TranslationTask"]
+
+EVAL_DEFAULTS = {"beam": 5, "len_penalty": 1.0, "max_len_a": 1.2, "max_len_b": 10, "bleu": "tokenized",
+                 "max_sentences": None, "batch_size": 64}
+
+
+class TranslationTask(Task):
+    """Args (``task:``): max_tokens, label_smoothing, bpe_vocab_size, joint_bpe, max_len (training length
+    filter in BPE tokens).  ``data``: {dataset}.  ``model``: the ``translation`` model section.  ``eval``:
+    see the module docstring."""
+
+    metric_for_selection = "bleu"
+    higher_is_better = True
+
+    def __init__(self, max_tokens: int = 4096, label_smoothing: float = 0.1, bpe_vocab_size: int = 10000,
+                 joint_bpe: bool = True, max_len: int = 250, *, model: Any = None, data: dict | None = None,
+                 eval: dict | None = None, seed: int = 0):
+        check_dataset_spec(data, "task 'translation'", ("translation",))
+        self.max_tokens, self.label_smoothing, self.seed = max_tokens, label_smoothing, seed
+        self.bpe_vocab_size, self.joint_bpe, self.max_len = bpe_vocab_size, joint_bpe, max_len
+        self.model_spec = model_spec(model, "translation", ["translation"])
+        self.eval_opts = check_options(eval, EVAL_DEFAULTS, "eval")
+        if self.eval_opts["bleu"] not in ("tokenized", "sacrebleu"):
+            raise SpecError(f"eval.bleu={self.eval_opts['bleu']!r} is not one of ['tokenized', 'sacrebleu']")
+        if self.model_spec.get("share_embeddings") and not joint_bpe:
+            raise SpecError("model.share_embeddings needs one joint vocabulary: set task.joint_bpe=true")
+        self.data = data
+        self._prepared = None
+
+    @property
+    def prepared(self):
+        """:class:`~kernel_attention.data.parallel.TranslationData` (BPE learned on train)."""
+        if self._prepared is None:
+            from kernel_attention.data.parallel import ParallelText, TranslationData, prepare_translation
+            obj = load_dataset(self.data, "task 'translation'")
+            if isinstance(obj, ParallelText):
+                obj = prepare_translation(obj, self.bpe_vocab_size, joint=self.joint_bpe, max_len=self.max_len)
+            if not isinstance(obj, TranslationData):
+                raise SpecError(f"task 'translation' needs parallel text, got {type(obj).__name__}")
+            self._prepared = obj
+        return self._prepared
+
+    def build_model(self) -> nn.Module:
+        from kernel_attention.models import MODELS
+        d = self.prepared
+        return MODELS.create(self.model_spec, src_vocab=len(d.src_vocab), tgt_vocab=len(d.tgt_vocab),
+                             pad_id=d.tgt_vocab.pad_id)
+
+    def _batches(self, split: str, seed: int | None):
+        v = self.prepared.tgt_vocab
+        return self.prepared.splits[split].batches(self.max_tokens, v.pad_id, v.bos_id, v.eos_id, seed=seed)
+
+    def train_batches(self, epoch, rank=0, world_size=1):
+        seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator(self.seed, "train", epoch)))
+        batches = list(self._batches("train", seed))
+        n = len(batches) - len(batches) % world_size if world_size > 1 else len(batches)
+        for i in range(rank, n, world_size):
+            b = batches[i]
+            yield {"src": b.src, "tgt_in": b.tgt_in, "tgt_out": b.tgt_out}
+
+    def batch_tokens(self, batch):
+        return int(batch["tgt_out"].ne(self.prepared.tgt_vocab.pad_id).sum())
+
+    def loss(self, model, batch):
+        batch = self.to_device(batch)
+        logits = model(batch["src"], batch["tgt_in"])
+        loss, nll, _ = label_smoothed_nll(logits, batch["tgt_out"], self.label_smoothing,
+                                          self.prepared.tgt_vocab.pad_id)
+        return loss, {"nll": float(nll.detach())}
+
+    @torch.no_grad()
+    def translate_ids(self, model: nn.Module, src: torch.Tensor) -> list[list[int]]:
+        """Best hypothesis ids (without <eos>) for a padded source batch (B, S)."""
+        m = unwrap(model)
+        v = self.prepared.tgt_vocab
+        o = self.eval_opts
+        src = src.to(self.device)
+        enc = m.encode(src, src.ne(v.pad_id))
+        max_len = int(o["max_len_a"] * src.shape[1] + o["max_len_b"])
+
+        def step(prefix, state):
+            return m.decode_step(prefix, state), state
+
+        if int(o["beam"]) > 1:
+            out = beam_search(step, src.shape[0], int(o["beam"]), v.bos_id, v.eos_id, max_len, state=enc,
+                              reorder=m.reorder_state, len_penalty=float(o["len_penalty"]), pad=v.pad_id,
+                              device=src.device)
+        else:
+            out = greedy_search(step, src.shape[0], v.bos_id, v.eos_id, max_len, state=enc, pad=v.pad_id,
+                                device=src.device)
+        return [[t for t in row.tolist() if t not in (v.pad_id, v.eos_id)] for row in out.tokens]
+
+    def translate_lines(self, model: nn.Module, lines: list[str]) -> list[str]:
+        """Tokenised source sentences -> tokenised translations (BPE applied and removed)."""
+        from kernel_attention.data.bpe import remove_bpe
+        d = self.prepared
+        ids = [d.src_vocab.encode(d.src_bpe.encode(line).split(), eos=True) for line in lines]
+        out: list[str] = []
+        bs = int(self.eval_opts["batch_size"])
+        for i in range(0, len(ids), bs):
+            src = nn.utils.rnn.pad_sequence(ids[i:i + bs], batch_first=True, padding_value=d.src_vocab.pad_id)
+            for hyp in self.translate_ids(model, src):
+                out.append(remove_bpe(" ".join(d.tgt_vocab.decode(hyp))))
+        return out
+
+    def evaluate(self, model, split):
+        from kernel_attention.data.bpe import detokenize, remove_bpe
+        from kernel_attention.data.parallel import collate
+        d = self.prepared
+        data = d.splits[split]
+        n = len(data) if self.eval_opts["max_sentences"] is None else min(len(data), int(self.eval_opts["max_sentences"]))
+        v = d.tgt_vocab
+        hyps, refs, nll_sum, tokens = [], [], 0.0, 0
+        bs = int(self.eval_opts["batch_size"])
+        for i in range(0, n, bs):
+            idx = list(range(i, min(n, i + bs)))
+            b = collate([data.src[j] for j in idx], [data.tgt[j] for j in idx], idx, v.pad_id, v.bos_id, v.eos_id)
+            src, tgt_in, tgt_out = (t.to(self.device) for t in (b.src, b.tgt_in, b.tgt_out))
+            _, nll, k = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.0, v.pad_id)
+            nll_sum, tokens = nll_sum + float(nll) * k, tokens + k
+            for j, hyp in zip(idx, self.translate_ids(model, src)):
+                hyps.append(remove_bpe(" ".join(v.decode(hyp))))
+                refs.append(data.ref[j])
+        if self.eval_opts["bleu"] == "sacrebleu":
+            bleu = sacrebleu_score([detokenize(h) for h in hyps], [detokenize(r) for r in refs])
+        else:
+            bleu = tokenized_bleu(hyps, refs)
+        return {"bleu": bleu, "loss": nll_sum / max(tokens, 1)}
