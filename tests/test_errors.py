@@ -1,0 +1,137 @@
+"""Bad input gets a clear error; empty filtered sets give zeros, not NaN; linear-kernel normaliser."""
+
+import pytest
+import torch
+
+import kernel_attention as ka
+from kernel_attention.smoother import DIRECT_EPS, normalise_direct
+
+
+def _qkv():
+    return torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 6)
+
+
+def test_shape_errors_name_the_problem():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="4 dims"):
+        ka.attention(q[0], k, v)
+    with pytest.raises(ValueError, match="same feature size D"):
+        ka.attention(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="same number of keys"):
+        ka.attention(q, k, v[:, :, :4])
+    with pytest.raises(ValueError, match=r"share \(B, H\)"):
+        ka.attention(q, k[:1], v[:1])
+    with pytest.raises(TypeError, match="dtype"):
+        ka.attention(q, k.double(), v)
+    with pytest.raises(TypeError, match="floating"):
+        ka.attention(q.long(), k, v)
+
+
+def test_masks_that_do_not_fit():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="does not fit"):
+        ka.attention(q, k, v, mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        ka.attention(q, k, v, mask=torch.ones(3, 2, 3, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="does not fit"):
+        ka.attention(q, k, v, mask=torch.ones(2, 2, 7, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask"):
+        ka.attention(q, k, v, key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="bool"):
+        ka.attention(q, k, v, mask=torch.ones(3, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_inputs_are_refused(bad):
+    q, k, v = _qkv()
+    q[0, 0, 0, 0] = bad
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ka.attention(q, k, v)
+    with ka.validation(False):  # the check can be turned off for speed
+        ka.attention(q, k, v)
+
+
+def test_unknown_names_list_what_is_accepted():
+    q, k, v = _qkv()
+    with pytest.raises(ka.SpecError, match="unknown kernel .gaussian.; accepted: exp, .*linear, .*periodic, poly, rbf"):
+        ka.attention(q, k, v, kernel="gaussian")
+    with pytest.raises(ka.SpecError, match="unknown filter 'causl'"):
+        ka.attention(q, k, v, mask="causl")
+    with pytest.raises(ka.SpecError, match="unknown position"):
+        ka.KernelAttention(8, 2, position="rotary")
+    with pytest.raises(ka.SpecError, match="has no parameter window"):
+        ka.make_filter("strided:window=3")
+    with pytest.raises(ka.SpecError, match="needs parameter stride"):
+        ka.make_filter("strided")
+    with pytest.raises(ka.SpecError, match="value_position"):
+        ka.KernelAttention(8, 2, value_position="maybe")
+    with pytest.raises(ka.SpecError, match="use position='shaw'"):
+        ka.KernelAttention(8, 2, position="product", value_position="relative")
+    with pytest.raises(ValueError, match="not divisible"):
+        ka.KernelAttention(10, 3)
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "poly", "linear", "periodic"])
+@pytest.mark.parametrize("position", ["none", "shaw", "xl", "product"])
+def test_empty_filtered_set_gives_zeros_and_finite_gradients(kernel, position):
+    layer = ka.KernelAttention(8, 2, kernel=kernel, position=position, bias=False)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    keep = torch.ones(4, 4, dtype=torch.bool)
+    keep[1] = False  # query 1 sees nothing
+    y, w = layer(x, mask=keep, need_weights=True)
+    assert torch.isfinite(y).all() and torch.isfinite(w).all()
+    assert (w[:, :, 1] == 0).all()
+    assert torch.allclose(y[:, 1], torch.zeros_like(y[:, 1]))  # no bias: zero output
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+def test_empty_row_functional_zero_gradient():
+    q = torch.randn(1, 1, 2, 4, requires_grad=True)
+    k, v = torch.randn(1, 1, 3, 4, requires_grad=True), torch.randn(1, 1, 3, 2, requires_grad=True)
+    keep = torch.tensor([[True, True, False], [False, False, False]])
+    out = ka.attention(q, k, v, mask=keep)
+    assert (out[0, 0, 1] == 0).all()
+    out.sum().backward()
+    assert (q.grad[0, 0, 1] == 0).all()
+    assert torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+
+
+def test_padding_only_keys_give_zeros():
+    q, k, v = _qkv()
+    key_mask = torch.zeros(2, 5, dtype=torch.bool)
+    key_mask[0] = True
+    out = ka.attention(q, k, v, key_mask=key_mask)
+    assert (out[1] == 0).all() and torch.isfinite(out).all()
+
+
+def test_linear_kernel_negative_normaliser_flips_signs():
+    """Documented behaviour: k / sum k with no positivity guard; a negative sum makes the weights
+    change sign (they still sum to 1) -- the kernel-smoother assumption the linear kernel breaks."""
+    k = torch.tensor([[[[1.0, -3.0, 1.0]]]])
+    w = normalise_direct(k, None)
+    torch.testing.assert_close(w, torch.tensor([[[[-1.0, 3.0, -1.0]]]]))
+    assert torch.isclose(w.sum(), torch.tensor(1.0))
+
+
+def test_linear_kernel_zero_normaliser_is_guarded_not_nan():
+    """|sum k| < eps is replaced by eps (sign kept): huge but finite weights, never NaN or inf."""
+    k = torch.tensor([[[[1.0, -1.0], [0.0, 0.0]]]])
+    w = normalise_direct(k, None)
+    assert torch.isfinite(w).all()
+    torch.testing.assert_close(w[0, 0, 0], torch.tensor([1 / DIRECT_EPS, -1 / DIRECT_EPS]))
+    assert (w[0, 0, 1] == 0).all()
+    q = torch.tensor([[[[1.0, 0.0]]]])
+    keys = torch.tensor([[[[1.0, 0.0], [-1.0, 0.0]]]])
+    out = ka.attention(q, keys, torch.randn(1, 1, 2, 3), kernel="linear")
+    assert torch.isfinite(out).all()
+
+
+def test_linear_kernel_weights_can_be_negative_but_poly_even_cannot():
+    q, k, v = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 2)
+    _, w_lin = ka.attention(q, k, v, kernel="linear", need_weights=True)
+    _, w_poly = ka.attention(q, k, v, kernel="poly", need_weights=True)
+    assert (w_lin < 0).any()
+    assert (w_poly >= 0).all()
+    torch.testing.assert_close(w_poly.sum(-1), torch.ones(1, 1, 6))

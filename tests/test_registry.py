@@ -1,0 +1,59 @@
+"""The registry: one vocabulary for API, configs and CLI; typed parameters; clear errors."""
+
+import pytest
+
+import kernel_attention as ka
+from kernel_attention.registry import Param, Registry, SpecError, parse_spec
+
+
+def test_spec_forms_are_equivalent():
+    forms = ["poly:degree=3", {"name": "poly", "degree": 3}, ("poly", {"degree": 3})]
+    assert all(ka.KERNELS.validate(f) == ("poly", {"degree": 3}) for f in forms)
+    assert ka.make_kernel("poly:degree=3").degree == 3
+    k = ka.make_kernel("exp")
+    assert ka.make_kernel(k) is k
+
+
+def test_parse_spec_errors():
+    with pytest.raises(SpecError, match="key=value"):
+        parse_spec("poly:degree")
+    with pytest.raises(SpecError, match="'name'"):
+        parse_spec({"degree": 2})
+    with pytest.raises(SpecError, match="cannot read spec"):
+        parse_spec(3)
+
+
+def test_typed_parameters():
+    reg = Registry("thing")
+
+    @reg.register("t", [Param("n", int, 1, check=lambda x: x > 0, rule="> 0"), Param("x", float, 0.5),
+                        Param("flag", bool, False), Param("mode", str, "a", choices=("a", "b")),
+                        Param("opt", int, None, optional=True)])
+    def make(n, x, flag, mode, opt):
+        return (n, x, flag, mode, opt)
+
+    assert reg.create("t:n=3,x=2,flag=true,mode=b") == (3, 2.0, True, "b", None)
+    assert reg.create({"name": "t", "x": 1}) == (1, 1.0, False, "a", None)
+    for bad, msg in [("t:n=0", "> 0"), ("t:n=1.5", "cannot read"), ("t:mode=c", "not one of"),
+                     ({"name": "t", "n": True}, "boolean"), ("t:flag=maybe", "cannot read"), ("u", "unknown thing 'u'")]:
+        with pytest.raises(SpecError, match=msg):
+            reg.create(bad)
+    with pytest.raises(ValueError, match="twice"):
+        reg.register("t")(make)
+
+
+def test_context_reaches_only_factories_that_name_it():
+    reg = Registry("thing")
+    reg.register("plain")(lambda: "plain")
+    reg.register("sized")(lambda n_heads: n_heads)
+    assert reg.create("plain", n_heads=4) == "plain"
+    assert reg.create("sized", n_heads=4) == 4
+
+
+def test_vocabulary_lists_every_name():
+    from kernel_attention.vocabulary import REGISTRIES, describe_vocabulary
+
+    text = describe_vocabulary()
+    for reg in REGISTRIES.values():
+        for name in reg.names():
+            assert name in text
