@@ -45,9 +45,9 @@ def test_label_smoothing_matches_fairseq_formula():
 
 def test_copy_trains_evaluates_and_decodes(train):
     task = build_task({"task": {"name": "synthetic", "kind": "copy", "vocab": 6, "min_len": 3, "max_len": 4,
-                                "batch_size": 32, "train_size": 32 * 60, "valid_size": 32, "test_size": 32},
+                                "batch_size": 32, "train_size": 32 * 40, "valid_size": 32, "test_size": 32},
                        "model": TINY, "eval": {"beam": 2}, "seed": 1})
-    trainer, summary = train(task, 60, lr=1e-2)
+    trainer, summary = train(task, 40, lr=1e-2)
     m = trainer.evaluate("test")
     assert set(m) == {"exact_match", "token_accuracy", "loss"}
     assert m["token_accuracy"] > 0.5          # chance is 1/6 per token

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Sub-command modules, in the order ``--help`` shows them.
-COMMANDS = ["check", "data"]
+COMMANDS = ["check", "data", "train", "evaluate", "translate", "generate", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,6 +48,10 @@ class LanguageModelingTask(Task):
         self._corpus = None
         self._mems = None
 
+    def prepare_data(self) -> None:
+        """Load the corpus now (the runner does this before checking the model)."""
+        self.corpus
+
     @property
     def corpus(self):
         if self._corpus is None:
@@ -102,7 +106,7 @@ class LanguageModelingTask(Task):
             for seg in it:
                 x, y = seg.input.to(self.device), seg.target.to(self.device)
                 logits, mems = m(x, mems)
-                nll += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                nll += float(F.cross_entropy(logits.detach().float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                                              reduction="sum"))
                 n += y.numel()
         finally:

@@ -33,6 +33,9 @@ class NodeClassificationTask(Task):
         self.model_spec = model_spec(model, "node_classifier", ["node_classifier"])
         self.data, self.seed, self._graph = data, seed, None
 
+    def prepare_data(self) -> None:
+        self.graph
+
     @property
     def graph(self):
         if self._graph is None:

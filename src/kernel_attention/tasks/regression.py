@@ -47,6 +47,9 @@ class RegressionTask(Task):
         self.data = data
         self._ready = False
 
+    def prepare_data(self) -> None:
+        self._prepare()
+
     def _prepare(self):
         if self._ready:
             return

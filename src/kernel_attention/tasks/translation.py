@@ -55,6 +55,10 @@ class TranslationTask(Task):
         self.data = data
         self._prepared = None
 
+    def prepare_data(self) -> None:
+        """Load the data and learn BPE now (the runner does this before checking the model)."""
+        self.prepared
+
     @property
     def prepared(self):
         """:class:`~kernel_attention.data.parallel.TranslationData` (BPE learned on train)."""

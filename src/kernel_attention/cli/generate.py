@@ -1,0 +1,40 @@
+"""``kernel-attention generate CHECKPOINT --prompt "the cat" [--max-new 20] [--temperature 0]``: continue a
+prompt with a trained language model (greedy at temperature 0, else sampling with ``--seed``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="continue a prompt with a trained language model",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("--prompt", required=True, help="whitespace-tokenised words")
+    p.add_argument("--max-new", type=int, default=20)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    return p
+
+
+def run(args) -> int:
+    from kernel_attention.cli.evaluate import load
+    from kernel_attention.tasks.language_modeling import LanguageModelingTask
+
+    args.overrides = []
+    loaded = load(args)
+    if loaded is None:
+        return 2
+    task, model, _ = loaded
+    if not isinstance(task, LanguageModelingTask):
+        print(f"kernel-attention: generate needs a language-model run, not {type(task).__name__}", file=sys.stderr)
+        return 2
+    words = args.prompt.split()
+    if not words:
+        print("kernel-attention: --prompt is empty", file=sys.stderr)
+        return 2
+    out = task.generate(model, words, args.max_new, args.temperature, args.seed)
+    print(" ".join(words + out))
+    return 0

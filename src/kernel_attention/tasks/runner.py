@@ -1,0 +1,95 @@
+"""From a config to a trained run and back: what the ``train`` / ``evaluate`` / ``translate`` / ``generate``
+commands share.
+
+    cfg = load_config("configs/synthetic/reverse.yaml", ["model.encoder_attention.kernel=rbf"])
+    task, train_cfg = prepare(cfg)          # every name and combination checked; nothing trained yet
+    summary = train(cfg, "runs/reverse")    # Trainer.fit(); the resolved config is stored in checkpoints
+    task, model, cfg = load_run("runs/reverse/best.pt")
+
+:func:`prepare` fails *before any training* on: unknown sections / options / names (task, model, kernel,
+position, filter, dataset, schedule), impossible combinations (``value_position=relative`` without
+``position=shaw``, shared embeddings without a joint vocabulary, ...) and missing data files.  The model is
+built once on the ``meta`` device for this, so even paper-size models are checked in milliseconds.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from kernel_attention.config import ConfigError, dump_config
+from kernel_attention.tasks import build_task
+from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
+from kernel_attention.training.task import Task
+
+__all__ = ["prepare", "train", "load_run", "run_dir_of"]
+
+
+def _train_config(cfg: Mapping[str, Any]) -> TrainConfig:
+    section = dict(cfg.get("train") or {})
+    if "seed" in cfg and "seed" not in section:
+        section["seed"] = int(cfg["seed"])
+    if "max_steps" not in section and "max_epochs" not in section:
+        raise ConfigError("the train section needs max_steps or max_epochs")
+    return TrainConfig.from_dict(section)
+
+
+def prepare(cfg: Mapping[str, Any], check_model: bool = True) -> tuple[Task, TrainConfig]:
+    """The task and TrainConfig of a config, after checking everything that can be checked up front."""
+    train_cfg = _train_config(cfg)
+    task = build_task(cfg)
+    if check_model:
+        if hasattr(task, "prepare_data"):
+            task.prepare_data()  # real tensors: load before entering the meta-device context
+        with torch.device("meta"):
+            task.build_model()  # attention configs, sizes and data files are checked here
+    return task, train_cfg
+
+
+def run_dir_of(cfg: Mapping[str, Any], default: str | Path | None = None) -> Path:
+    run = cfg.get("run") or {}
+    if run.get("dir"):
+        return Path(run["dir"])
+    if default is not None:
+        return Path(default)
+    return Path("runs") / str(run.get("name") or "run")
+
+
+def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True) -> dict[str, Any]:
+    """Check, then train; returns the Trainer summary with the final valid/test metrics."""
+    task, train_cfg = prepare(cfg)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir)
+    trainer = Trainer(task, train_cfg, run_dir, resume=resume, extra={"config": copy.deepcopy(dict(cfg))})
+    return trainer.fit()
+
+
+def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
+             device: str | torch.device = "cpu") -> tuple[Task, torch.nn.Module, dict[str, Any]]:
+    """Rebuild the task and model of a checkpoint (``last.pt`` / ``best.pt``) written by :func:`train`.
+
+    ``overrides`` replaces sections of the stored config (e.g. ``{"eval": {"beam": 5}}``)."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        path = path / "best.pt" if (path / "best.pt").is_file() else path / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    ck = load_checkpoint(path, map_location=device)
+    cfg = dict((ck.get("extra") or {}).get("config") or {})
+    if not cfg:
+        raise ConfigError(f"checkpoint {path} has no stored config (was it written by `kernel-attention train`?)")
+    for key, value in (overrides or {}).items():
+        if isinstance(value, Mapping) and isinstance(cfg.get(key), Mapping):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    task = build_task(cfg)
+    model = task.build_model()
+    model.load_state_dict(ck["model"])
+    task.device = torch.device(device)
+    model.to(task.device).eval()
+    return task, model, cfg
