@@ -135,3 +135,12 @@ def test_linear_kernel_weights_can_be_negative_but_poly_even_cannot():
     assert (w_lin < 0).any()
     assert (w_poly >= 0).all()
     torch.testing.assert_close(w_poly.sum(-1), torch.ones(1, 1, 6))
+
+
+def test_amortised_implicit_kernel_refuses_a_filter_it_would_leak_through():
+    """ikan's q(z|h) pools q, k over all positions: under a causal filter that leaks future tokens."""
+    with pytest.raises(ka.SpecError, match="amortized=false"):
+        ka.KernelAttention(8, 2, kernel="ikan", filter="causal")
+    ka.KernelAttention(8, 2, kernel="ikan:amortized=false", filter="causal")
+    ka.KernelAttention(8, 2, kernel="ikan", filter="padding")
+    ka.KernelAttention(8, 2, kernel="ikan-direct", filter="causal")  # no amortisation, nothing leaks

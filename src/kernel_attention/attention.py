@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.encodings import as_positions, make_encoding
-from kernel_attention.filters import make_filter
+from kernel_attention.filters import Padding, make_filter
 from kernel_attention.functional import attention as kernel_attention_fn
 from kernel_attention.kernels import make_kernel
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position
@@ -76,6 +76,11 @@ class KernelAttention(nn.Module):
         self.d_model, self.n_heads, self.d_head, self.axes = d_model, n_heads, d_head, axes
         self.kernel = make_kernel(kernel, n_heads=n_heads, d_head=d_head)
         self.filter = make_filter(filter)
+        if getattr(self.kernel, "amortized", False) and _hides_keys(self.filter):
+            raise SpecError(
+                f"kernel {self.kernel.name!r} infers its spectral density from q and k pooled over every "
+                f"position, so under filter {self.filter!r} a query would see keys the filter hides "
+                f"(future tokens); use '{self.kernel.name}:amortized=false' or a filter that keeps all keys")
         self.position = make_position(position, d_model=d_model, n_heads=n_heads, d_head=d_head, axes=axes,
                                       value_position=value_position)
         if value_position == "relative" and not self.position.relative_value:
@@ -155,3 +160,10 @@ class KernelAttention(nn.Module):
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))
         return (y, weights) if need_weights else y
+
+
+def _hides_keys(filt) -> bool:
+    """Whether a filter removes some key from some query (padding aside)."""
+    if filt.kind == "full" or isinstance(filt, Padding):
+        return False
+    return not bool(filt.mask(8, 8, key_mask=torch.ones(1, 8, dtype=torch.bool)).all())
