@@ -229,6 +229,12 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
     n_generators = 2
     copula = False
 
+    @property
+    def pools_over_positions(self) -> bool:
+        """Whether q(z|h) reads q and k pooled over every position (then a filter that hides keys
+        would leak them through the spectral points; KernelAttention refuses that combination)."""
+        return self.amortized and self.uses_density
+
     def __init__(self, n_heads: int | None = None, d_head: int | None = None, *, R: int = 64, p: float = 2.0,
                  eps: float = 1e-5, freq_scale: float | None = None, magnitude_dropout: float | None = None,
                  official_scale: bool = False, official: bool = False, prior_std: float = 0.1,
