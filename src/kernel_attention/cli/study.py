@@ -1,0 +1,65 @@
+"""``kernel-attention study NAME``: run one table of the papers end to end and write our numbers beside theirs.
+
+Studies: dissection-positions (TD Table 1), dissection-kernels (Table 2), dissection-order (Table 3),
+dissection-values (Table 4), ika-classification (IKA Table 2), ika-translation (Table 3), ika-regression
+(Table 4), ika-graphs (Table 5), synthetic-smoke (two synthetic cells, for checks).
+
+``--scale paper`` uses the papers' configurations (configs/transformer_dissection, configs/
+implicit_kernel_attention); ``--scale small`` shrinks model, data and steps so a cell takes minutes on a
+CPU, and says exactly what it shrank (printed, and written into table.md).  ``--seeds N`` runs per cell
+(seeds; folds for classification; splits for regression).  Every cell is a normal training run under
+``OUT/NAME/cells/<cell>/``; finished cells (result.json) are skipped, unfinished ones resume from last.pt.
+Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("study", help="run a paper table's grid and write our numbers beside the paper's",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="study name (omit with --list)")
+    p.add_argument("--scale", choices=("small", "paper"), default="small")
+    p.add_argument("--seeds", type=int, default=None, help="runs per cell (default: the study's for the scale)")
+    p.add_argument("--data", default=None, help="data root (default: $KERNEL_ATTENTION_DATA or ../shared/data)")
+    p.add_argument("--out", default="studies", help="output directory (default: studies)")
+    p.add_argument("--only", default="", help="comma-separated table / row / column ids to run (e.g. t2-sp)")
+    p.add_argument("--nmt-data", default=None, help="NMT dataset (small: multi30k, paper: iwslt14)")
+    p.add_argument("--lm-data", default=None, help="SP dataset (small: wikitext-2, paper: wikitext-103)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--retry-errors", action="store_true", help="run again cells that ended with an error")
+    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--list", action="store_true", help="list the studies and their cells, run nothing")
+    return p
+
+
+def run(args) -> int:
+    import torch
+
+    from kernel_attention.study import StudyOptions, execute, get_study, study_names
+
+    if args.list or not args.name:
+        for n in study_names():
+            print(f"{n:22s} {get_study(n).title}")
+        return 0 if args.list else 2
+    if args.seeds is not None and args.seeds < 1:
+        print("kernel-attention study: --seeds must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        study = get_study(args.name)
+    except KeyError as e:
+        print(f"kernel-attention study: {e.args[0]}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(max(1, args.threads))
+    opts = StudyOptions(scale=args.scale, seeds=args.seeds, data=args.data,
+                        only=tuple(x for x in args.only.split(",") if x), nmt_data=args.nmt_data,
+                        lm_data=args.lm_data)
+    command = "kernel-attention study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if len(sys.argv) > 2 and sys.argv[1] == "study" else f"kernel-attention study {study.name} --scale {args.scale}"
+    execute(study.name, opts, args.out, command=command, retry_errors=args.retry_errors,
+            figures=not args.no_figures, log=lambda m: print(m, flush=True))
+    return 0

@@ -1,0 +1,51 @@
+"""``execute(name, options, out)``: run a study's unfinished cells, then write runs.csv, table.md, figures/."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+from kernel_attention.study.core import StudyOptions, get_study
+from kernel_attention.study.report import render_tables, write_csv
+from kernel_attention.study.runner import cell_dir, run_study
+
+__all__ = ["execute", "machine"]
+
+
+def machine() -> str:
+    import os
+    import torch
+    return (f"{platform.machine()} {os.cpu_count()} CPU cores, {platform.system()}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} thread(s)")
+
+
+def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
+            figures: bool = True, log=print) -> dict:
+    """Run + collect; returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
+    study = get_study(name)
+    out = Path(out)
+    sdir = out / study.name
+    sdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log)
+    for line in shrink:
+        log(f"  {options.scale} scale: {line}")
+    csv_path = write_csv(sdir / "runs.csv", study, results)
+    wall = sum(float(r.get("wall_s") or 0) for r in results)
+    text = render_tables(study, results, shrink, options.scale, command, wall, machine())
+    (sdir / "table.md").write_text(text)
+    figs: list[str] = []
+    if figures and study.figures is not None and results:
+        try:
+            figs = study.figures(sdir / "figures", cells, lambda c: cell_dir(out, study, c), results)
+        except Exception as e:  # a figure must not lose the table
+            log(f"  figures failed: {type(e).__name__}: {e}")
+    (sdir / "study.json").write_text(json.dumps({"study": name, "scale": options.scale, "command": command,
+                                                 "shrink": shrink, "cells": len(cells), "finished": len(results),
+                                                 "cell_wall_s": wall, "this_invocation_s": time.time() - t0,
+                                                 "machine": machine(), "figures": figs}, indent=1))
+    log(f"wrote {csv_path}, {sdir / 'table.md'}" + (f", {len(figs)} figure(s) in {sdir / 'figures'}" if figs else ""))
+    return {"dir": sdir, "csv": csv_path, "table": sdir / "table.md", "figures": figs, "results": results,
+            "wall_s": wall}

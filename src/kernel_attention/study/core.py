@@ -1,0 +1,110 @@
+"""What a study is: a grid of cells (one training run each) plus the paper's table to put our numbers beside.
+
+    cell id   = <study>/<table>/<row>/<col>/s<seed>   (file-system safe: "__" between the parts)
+    Cell      = (table, row, col, seed, config)        config: a normal run config (task/data/model/train/eval/seed)
+    Study     = name, tables (TableSpec: rows, cols, the paper's numbers), protocol, build(options) -> cells
+
+Protocols (reference notes):
+    "best_valid"  Transformer Dissection: N seeds per cell, report the test score of the seed with the best
+                  validation score;
+    "mean_std"    Implicit Kernel Attention: mean ± std (ddof 0) of the test score over runs / folds / splits
+                  (regression: each run's score is its best test RMSE over epochs, valid_fraction 0).
+
+A study's ``build(options)`` returns ``(cells, shrink)`` where ``shrink`` lists, in words, everything the
+``small`` scale changed relative to the paper configuration (printed and written into table.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable
+
+__all__ = ["Cell", "TableSpec", "Study", "StudyOptions", "STUDIES", "register_study", "get_study"]
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
+
+
+@dataclasses.dataclass
+class StudyOptions:
+    """Command-line options of ``kernel-attention study NAME``."""
+
+    scale: str = "small"              # "small" | "paper"
+    seeds: int | None = None          # runs per cell (seeds / folds / splits); None = the study's default
+    data: str | None = None           # data root (None = the registry's default root)
+    only: tuple[str, ...] = ()        # restrict to tables / rows / columns (ids), e.g. ("t1-sp",)
+    nmt_data: str | None = None       # dataset name for NMT cells (small: multi30k, paper: iwslt14)
+    lm_data: str | None = None        # dataset name for SP cells (small: wikitext-2, paper: wikitext-103)
+
+    def dataset(self, name: str) -> Any:
+        """A ``data.dataset`` spec for ``name`` under the chosen root."""
+        return {"name": name, "root": self.data} if self.data else name
+
+
+@dataclasses.dataclass
+class Cell:
+    study: str
+    table: str
+    row: str
+    col: str
+    seed: int
+    config: dict[str, Any]
+    tags: dict[str, Any] = dataclasses.field(default_factory=dict)   # e.g. {"p": 0.1} for figure cells
+
+    @property
+    def id(self) -> str:
+        return "__".join(_SAFE.sub("-", str(p)) for p in (self.table, self.row, self.col, f"s{self.seed}"))
+
+
+@dataclasses.dataclass
+class TableSpec:
+    """One table of the paper: rows and columns (id, label) and the paper's numbers as printed."""
+
+    name: str
+    title: str
+    metric: str                       # key of the task's evaluate() dict: bleu, ppl, accuracy, rmse
+    higher_is_better: bool
+    rows: list[tuple[str, str]]
+    cols: list[tuple[str, str]]
+    paper: dict[tuple[str, str], str]
+    scale_factor: float = 1.0         # ours x factor when shown (accuracy in %: 100)
+    digits: int = 2
+
+
+@dataclasses.dataclass
+class Study:
+    name: str
+    title: str
+    protocol: str                      # "best_valid" | "mean_std"
+    tables: list[TableSpec]
+    build: Callable[[StudyOptions], tuple[list[Cell], list[str]]]
+    default_seeds: dict[str, int]      # scale -> runs per cell
+    figures: Callable[..., list[str]] | None = None   # (study_dir, cells, results) -> written PNG paths
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if self.protocol not in ("best_valid", "mean_std"):
+            raise ValueError(f"study {self.name}: protocol {self.protocol!r} is not 'best_valid' or 'mean_std'")
+
+    def table(self, name: str) -> TableSpec:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"study {self.name} has no table {name!r}; tables: {[t.name for t in self.tables]}")
+
+
+STUDIES: dict[str, Study] = {}
+
+
+def register_study(study: Study) -> Study:
+    if study.name in STUDIES:
+        raise ValueError(f"study {study.name!r} is already registered")
+    STUDIES[study.name] = study
+    return study
+
+
+def get_study(name: str) -> Study:
+    from kernel_attention.study import definitions  # noqa: F401  (registers the paper studies)
+    if name not in STUDIES:
+        raise KeyError(f"unknown study {name!r}; accepted: {', '.join(sorted(STUDIES))}")
+    return STUDIES[name]

@@ -1,0 +1,131 @@
+"""The papers' figures from finished cells (PNG, small: dpi 80).
+
+* :func:`training_curves`   train loss per step of every row, one panel per column (TD studies; a diverging
+                            linear kernel shows as a curve that leaves the plot or stops at NaN).
+* :func:`attention_heatmaps` IKA Fig. 2: attention weights per head for one input, one figure row per model.
+* :func:`similarity_magnitude` IKA Fig. 3: max similarity and mean log magnitude per evaluation (ProbedTask).
+* :func:`p_histograms`      IKA Fig. 4: histogram of attention weights for two values of p, and error vs p.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["training_curves", "attention_heatmaps", "similarity_magnitude", "p_histograms", "metrics_of"]
+
+DPI = 80
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def _save(fig, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return str(path)
+
+
+def training_curves(fig_dir: Path, table, cells, dir_of: Callable, results: list[dict]) -> str | None:
+    """One PNG per table: train loss vs step; colour = row, one line per seed; 'x' marks a divergence."""
+    cells = [c for c in cells if c.table == table.name]
+    if not cells:
+        return None
+    status = {r["cell"]: r.get("status") for r in results}
+    cols = [c for c, _ in table.cols if any(x.col == c for x in cells)]
+    fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.2), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, col in zip(axes[0], cols):
+        for i, (rid, rlab) in enumerate(table.rows):
+            for c in [x for x in cells if x.col == col and x.row == rid]:
+                m = [r for r in metrics_of(dir_of(c)) if r.get("split") == "train" and "loss" in r]
+                if not m:
+                    continue
+                steps = [r["step"] for r in m]
+                loss = [r["loss"] if r["loss"] is not None and math.isfinite(r["loss"]) else float("nan") for r in m]
+                ax.plot(steps, loss, color=colours[i % len(colours)], lw=0.8, alpha=0.8,
+                        label=rlab if c.seed == min(x.seed for x in cells if x.row == rid and x.col == col) else None)
+                if status.get(c.id) == "diverged":
+                    finite = [(s, l) for s, l in zip(steps, loss) if math.isfinite(l)]
+                    if finite:
+                        ax.plot(*finite[-1], "x", color=colours[i % len(colours)], ms=8)
+        ax.set_yscale("log")
+        ax.set_title(dict(table.cols)[col], fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.legend(fontsize=6)
+    fig.suptitle(table.title, fontsize=9)
+    return _save(fig, fig_dir / f"curves_{table.name}.png")
+
+
+def attention_heatmaps(path: Path, maps: dict[str, Any], tokens: list[str] | None = None) -> str:
+    """``maps``: {model label: (H, T, T) weights}; one figure row per model, one panel per head."""
+    n_rows = len(maps)
+    n_heads = max(m.shape[0] for m in maps.values())
+    fig, axes = plt.subplots(n_rows, n_heads, figsize=(1.6 * n_heads, 1.7 * n_rows), squeeze=False)
+    for i, (label, w) in enumerate(maps.items()):
+        for h in range(n_heads):
+            ax = axes[i][h]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h < w.shape[0]:
+                ax.imshow(w[h], cmap="viridis", vmin=0.0)
+            if h == 0:
+                ax.set_ylabel(label, fontsize=8)
+            if i == 0:
+                ax.set_title(f"head {h + 1}", fontsize=8)
+    return _save(fig, path)
+
+
+def similarity_magnitude(path: Path, series: dict[str, list[tuple[float, float, float]]], place: str) -> str:
+    """``series``: {model label: [(epoch, max_similarity, mean_log_magnitude), ...]} -> two panels."""
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for label, pts in series.items():
+        if not pts:
+            continue
+        e, s, m = zip(*pts)
+        axes[0].plot(e, s, marker=".", label=label)
+        axes[1].plot(e, m, marker=".", label=label)
+    axes[0].set_title(f"max similarity ({place})", fontsize=9)
+    axes[1].set_title(f"mean log magnitude ({place})", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def p_histograms(path: Path, weights: dict[float, Any], errors: dict[float, list[float]], metric: str) -> str:
+    """Left: histogram of attention weights for each p in ``weights``; right: ``metric`` against p."""
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3))
+    for p, w in sorted(weights.items()):
+        axes[0].hist(w.reshape(-1).numpy(), bins=60, alpha=0.55, label=f"p = {p:g}", log=True)
+    axes[0].set_xlabel("attention weight")
+    axes[0].set_ylabel("count (log)")
+    axes[0].legend(fontsize=7)
+    ps = sorted(errors)
+    means = [sum(errors[p]) / len(errors[p]) for p in ps]
+    axes[1].plot(ps, means, marker="o")
+    for p in ps:
+        axes[1].scatter([p] * len(errors[p]), errors[p], s=8, color="grey")
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("p")
+    axes[1].set_ylabel(metric)
+    return _save(fig, path)

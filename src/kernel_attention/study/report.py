@@ -1,0 +1,94 @@
+"""From cell results to ``runs.csv`` and ``table.md`` (our numbers beside the paper's).
+
+Protocol per table cell (row, col) over its runs (seeds / folds / splits):
+
+* ``best_valid`` (TD): the run with the best validation score (max for BLEU/accuracy, min for ppl/RMSE;
+  ties to the lowest seed; non-finite never wins) -> its test score.  All runs diverged -> "not converge".
+* ``mean_std`` (IKA): mean ± std (ddof 0, as the IKA code's numpy) of the runs' test scores; diverged or
+  failed runs are counted and named, not averaged.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from kernel_attention.data.protocols import mean_std, select_best
+from kernel_attention.study.core import Study, TableSpec
+
+__all__ = ["write_csv", "summarize_cell", "render_tables", "CSV_FIELDS"]
+
+CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
+              "final_test", "best_step", "steps", "wall_s", "cell", "error"]
+
+
+def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
+    path = Path(path)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in results:
+            w.writerow({**r, "study": study.name, "error": (r.get("error") or "")[:300]})
+    return path
+
+
+def _ok(r: dict) -> bool:
+    return r.get("status") == "ok" and r.get("test") is not None and math.isfinite(float(r["test"])) \
+        and r.get("valid") is not None and math.isfinite(float(r["valid"]))
+
+
+def summarize_cell(protocol: str, table: TableSpec, runs: list[dict]) -> dict[str, Any]:
+    """``{"text": shown value, "value": number | None, "n": runs, ...}`` of one table cell."""
+    if not runs:
+        return {"text": "not run", "value": None, "n": 0}
+    good = [r for r in runs if _ok(r)]
+    bad = [r for r in runs if not _ok(r)]
+    f, dg = table.scale_factor, table.digits
+    note = ""
+    if bad:
+        kinds = sorted({r.get("status", "?") for r in bad})
+        note = f" ({len(bad)}/{len(runs)} {'/'.join(kinds)})"
+    if not good:
+        if all(r.get("status") == "diverged" for r in runs):
+            return {"text": f"not converge (n={len(runs)})", "value": None, "n": len(runs)}
+        return {"text": f"failed{note}", "value": None, "n": len(runs)}
+    if protocol == "best_valid":
+        sel = select_best(good, "valid", "test", "max" if table.higher_is_better else "min", "seed")
+        return {"text": f"{sel.test * f:.{dg}f}{note}", "value": sel.test * f, "n": len(runs),
+                "best_seed": sel.best_seed}
+    s = mean_std([r["test"] * f for r in good])
+    return {"text": f"{s.mean:.{dg}f}±{s.std:.{dg}f}{note}", "value": s.mean, "std": s.std, "n": len(runs)}
+
+
+def render_tables(study: Study, results: list[dict], shrink: list[str], scale: str, command: str = "",
+                  wall_s: float | None = None, machine: str = "") -> str:
+    """The markdown of table.md: one table per TableSpec, ours then paper per column."""
+    lines = [f"# {study.title}", "", f"Scale: `{scale}`. Protocol: "
+             + ("best validation of N seeds -> its test score (TD)." if study.protocol == "best_valid"
+                else "mean ± std over runs (IKA).")]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    if wall_s is not None:
+        lines += [f"Wall time of the cells (sum): {wall_s / 60:.1f} min{(' on ' + machine) if machine else ''}."]
+    if shrink:
+        lines += ["", "What this scale changes relative to the paper's configuration:", ""]
+        lines += [f"- {s}" for s in shrink]
+    for note in study.notes:
+        lines += ["", note]
+    for t in study.tables:
+        lines += ["", f"## {t.title}", "", f"Metric: {t.metric} ({'higher' if t.higher_is_better else 'lower'} "
+                  f"is better); our runs per cell in parentheses where not all succeeded.", ""]
+        header = ["row"] + [x for _, lab in t.cols for x in (f"{lab} (ours)", f"{lab} (paper)")] + ["runs"]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for rid, rlab in t.rows:
+            cells, ns = [], []
+            for cid, _ in t.cols:
+                runs = [r for r in results if r["table"] == t.name and r["row"] == rid and r["col"] == cid]
+                s = summarize_cell(study.protocol, t, runs)
+                cells += [s["text"], t.paper.get((rid, cid), "-")]
+                ns.append(str(s["n"]))
+            lines.append("| " + " | ".join([rlab] + cells + ["/".join(ns)]) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,150 @@
+"""Run a study's cells, each a normal training run in ``OUT/<study>/cells/<cell id>/``, resumable.
+
+    results = run_study(study, options, out="studies")      # prints a progress line per cell
+
+A cell is finished when its ``result.json`` exists; it is skipped on a second invocation.  An unfinished
+cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``::
+
+    {"cell": id, "table", "row", "col", "seed", "status": "ok" | "diverged" | "error", "metric",
+     "valid": best validation score, "test": test score of the best-validation checkpoint,
+     "final_valid", "final_test", "best_step", "steps", "wall_s", "error": message | null, "tags"}
+
+"diverged": a non-finite training loss or validation score (TD's "not converge"); "error": an exception
+(its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kernel_attention.study.core import Cell, Study, StudyOptions
+
+__all__ = ["run_cell", "run_study", "read_results", "cell_dir"]
+
+
+def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
+    name = study if isinstance(study, str) else study.name
+    return Path(out) / name / "cells" / cell.id
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(float(x))
+
+
+def _read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
+    """Train one cell (resuming from ``last.pt``) and return its result record."""
+    from kernel_attention.config import dump_config
+    from kernel_attention.study.probes import ProbedTask
+    from kernel_attention.tasks.runner import prepare
+    from kernel_attention.training import Trainer
+
+    cfg = copy.deepcopy(cell.config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rec: dict[str, Any] = {"cell": cell.id, "table": cell.table, "row": cell.row, "col": cell.col,
+                           "seed": cell.seed, "metric": metric, "tags": cell.tags, "error": None}
+    t0 = time.time()
+    summary: dict[str, Any] = {}
+    try:
+        task, train_cfg = prepare(cfg)
+        if cell.tags.get("probe"):
+            task = ProbedTask(task)
+        dump_config(cfg, run_dir)
+        trainer = Trainer(task, train_cfg, run_dir, resume=True, extra={"config": copy.deepcopy(cfg)})
+        summary = trainer.fit()
+    except Exception as e:  # a cell failing must not stop the study; the message goes into the CSV
+        rec["error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
+    rec["wall_s"] = round(time.time() - t0, 1)
+    rows = _read_metrics(run_dir)
+    train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
+    valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
+    final = summary.get("final") or {}
+    best_test = summary.get("best_test") or {}
+    best = summary.get("best") or {}
+    rec["steps"] = summary.get("step")
+    rec["best_step"] = best.get("step")
+    rec["valid"] = best.get("value")
+    rec["test"] = best_test.get(metric)
+    rec["final_valid"] = (final.get("valid") or {}).get(metric)
+    rec["final_test"] = (final.get("test") or {}).get(metric)
+    if rec["test"] is None:  # no best.pt (nothing ever improved): the final model is the only one
+        rec["test"], rec["valid"] = rec["final_test"], rec["final_valid"] if rec["valid"] is None else rec["valid"]
+    nonfinite = any(not _finite(x) for x in train_losses if x is not None) or any(not _finite(v) for v in valids)
+    if nonfinite or (rec["error"] is None and not _finite(rec["valid"])):
+        rec["status"] = "diverged"
+    elif rec["error"] is not None:
+        rec["status"] = "error"
+    else:
+        rec["status"] = "ok"
+    return rec
+
+
+def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]:
+    res = []
+    for c in cells:
+        p = cell_dir(out, study, c) / "result.json"
+        if p.is_file():
+            res.append(json.loads(p.read_text()))
+    return res
+
+
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
+              log=print) -> tuple[list[Cell], list[dict], list[str]]:
+    """Run every unfinished cell of ``study``; returns ``(cells, results, shrink)``."""
+    cells, shrink = study.build(options)
+    if options.only:
+        cells = [c for c in cells if c.table in options.only or c.row in options.only or c.col in options.only]
+        if not cells:
+            raise ValueError(f"--only {list(options.only)} selects no cell of study {study.name}")
+    ids = [c.id for c in cells]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"study {study.name}: duplicate cell ids")
+    table_of = {t.name: t for t in study.tables}
+    todo = []
+    for c in cells:
+        p = cell_dir(out, study, c) / "result.json"
+        if p.is_file() and not (retry_errors and json.loads(p.read_text()).get("status") == "error"):
+            continue
+        todo.append(c)
+    n, done0 = len(cells), len(cells) - len(todo)
+    log(f"study {study.name} ({options.scale}): {n} cells, {done0} already finished, {len(todo)} to run")
+    start, spent = time.time(), []
+    for i, c in enumerate(todo):
+        d = cell_dir(out, study, c)
+        metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
+        t0 = time.time()
+        rec = run_cell(c, d, metric)
+        rec["scale"] = options.scale
+        (d / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+        spent.append(time.time() - t0)
+        left = len(todo) - i - 1
+        eta = sum(spent) / len(spent) * left
+        log(f"[{study.name}] {done0 + i + 1}/{n} cells done | {c.id}: {rec['status']} valid={rec['valid']} "
+            f"test={rec['test']} ({_fmt_s(spent[-1])}) | elapsed {_fmt_s(time.time() - start)}, "
+            f"about {_fmt_s(eta)} left")
+    return cells, read_results(out, study, cells), shrink

@@ -1,0 +1,79 @@
+"""End-to-end study on synthetic data: table, CSV, plots written; a second invocation resumes, not re-runs."""
+
+import csv
+import json
+
+import pytest
+
+from kernel_attention.study import StudyOptions, execute, get_study, study_names
+from kernel_attention.study.core import TableSpec
+from kernel_attention.study.report import summarize_cell
+
+
+def test_smoke_study_end_to_end_and_resume(tmp_path):
+    out = tmp_path / "studies"
+    logs = []
+    res = execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, command="test", log=logs.append)
+    sdir = out / "synthetic-smoke"
+    rows = list(csv.DictReader((sdir / "runs.csv").open()))
+    assert sorted(r["row"] for r in rows) == ["exp", "rbf"]
+    assert all(r["status"] == "ok" and r["steps"] == "6" for r in rows)
+    table = (sdir / "table.md").read_text()
+    assert "| exponential |" in table and "| RBF |" in table and "train.max_steps = 6" in table
+    assert (sdir / "figures" / "curves_copy.png").stat().st_size > 1000
+    cells = sorted((sdir / "cells").iterdir())
+    assert len(cells) == 2 and all((c / "result.json").is_file() and (c / "last.pt").is_file() for c in cells)
+    mtimes = {c.name: (c / "result.json").stat().st_mtime_ns for c in cells}
+    ckpts = {c.name: (c / "last.pt").stat().st_mtime_ns for c in cells}
+
+    # second invocation: both cells are finished and must be skipped (nothing rewritten)
+    logs2 = []
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, log=logs2.append)
+    assert any("2 already finished, 0 to run" in m for m in logs2)
+    assert {c.name: (c / "result.json").stat().st_mtime_ns for c in cells} == mtimes
+    assert {c.name: (c / "last.pt").stat().st_mtime_ns for c in cells} == ckpts
+
+    # a removed marker re-runs only that cell; the Trainer finds it finished and only re-collects it
+    (cells[0] / "result.json").unlink()
+    logs3 = []
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, log=logs3.append)
+    assert any("1 already finished, 1 to run" in m for m in logs3)
+    assert json.loads((cells[1] / "result.json").read_text())["cell"] == cells[1].name
+    assert (cells[1] / "result.json").stat().st_mtime_ns == mtimes[cells[1].name]
+
+
+def test_protocols():
+    t = TableSpec("t", "t", "bleu", True, [("a", "a")], [("c", "c")], {})
+    runs = [{"seed": 1, "status": "ok", "valid": 10.0, "test": 30.0},
+            {"seed": 2, "status": "ok", "valid": 12.0, "test": 20.0},
+            {"seed": 3, "status": "diverged", "valid": float("nan"), "test": float("nan")}]
+    best = summarize_cell("best_valid", t, runs)
+    assert best["value"] == 20.0 and best["best_seed"] == 2 and "1/3 diverged" in best["text"]
+    ms = summarize_cell("mean_std", t, runs[:2])
+    assert ms["text"] == "25.00±5.00"
+    assert summarize_cell("best_valid", t, runs[2:])["text"].startswith("not converge")
+
+
+def test_every_paper_study_is_registered_and_builds():
+    names = study_names()
+    for name in ["dissection-positions", "dissection-kernels", "dissection-order", "dissection-values",
+                 "ika-classification", "ika-translation", "ika-regression", "ika-graphs"]:
+        assert name in names
+        st = get_study(name)
+        for scale in ("small", "paper"):
+            cells, shrink = st.build(StudyOptions(scale=scale))
+            assert cells and len({c.id for c in cells}) == len(cells)
+            tables = {t.name for t in st.tables}
+            assert {c.table for c in cells} <= tables
+            if scale == "small":
+                assert shrink  # small always says what it changed
+    with pytest.raises(KeyError, match="accepted"):
+        get_study("nope")
+
+
+def test_small_dissection_cells_are_shrunk():
+    cells, shrink = get_study("dissection-kernels").build(StudyOptions(scale="small", seeds=2))
+    sp = [c for c in cells if c.tags["kind"] == "sp"]
+    assert len(cells) == 32 and {c.seed for c in cells} == {1, 2}
+    assert all(c.config["model"]["d_model"] == 64 and c.config["data"]["dataset"] == "wikitext-2" for c in sp)
+    assert any("WikiText-103 is not staged" in s for s in shrink)
