@@ -88,3 +88,17 @@ def test_bad_configs_fail_naming_the_place():
         tiny(decoder_attention={"position": "rotary"})
     with pytest.raises(SpecError, match="unknown model"):
         MODELS.create("seq2seq")
+
+
+def test_similarity_and_magnitude_decomposition_recovers_the_weights():
+    """exp(q.k/sqrt d) = similarity x magnitude (IKA Prop. 1): the recorded terms give the layer's weights."""
+    from kernel_attention.models.common import collect_decompositions
+    model = tiny(pe_at_input=True)
+    src, tgt = torch.randint(4, 17, (2, 6)), torch.randint(4, 19, (2, 5))
+    parts = collect_decompositions(model, lambda: model(src, tgt))
+    assert [p["module"] for p in parts][:2] == ["encoder.0.self_attn", "encoder.1.self_attn"]
+    w = model.attention_maps(src, tgt)["encoder"][0]
+    p = parts[0]
+    torch.testing.assert_close(torch.softmax(p["log_similarity"] + p["log_magnitude"], -1), w)
+    assert torch.all(p["log_similarity"] <= 1e-12)          # an RBF similarity is at most 1
+    assert not hasattr(model.encoder[0].self_attn, "__dict__") or "project" not in model.encoder[0].self_attn.__dict__

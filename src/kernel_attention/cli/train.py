@@ -17,8 +17,12 @@ from pathlib import Path
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from kernel_attention.models import MODELS
+    from kernel_attention.tasks import TASKS
+
     p = sub.add_parser("train", help="train a model from a YAML config (+ key=value overrides)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=TASKS.describe() + "\n" + MODELS.describe())
     p.add_argument("config", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.lr=5e-4")
     p.add_argument("--run-dir", default=None, help="output directory")

@@ -121,36 +121,34 @@ def sinusoidal_input(x: Tensor, pos: Tensor) -> Tensor:
     return x + sinusoid(pos, x.shape[-1]).to(x.dtype)
 
 
-def collect_decompositions(model: nn.Module, run) -> list[dict[str, Tensor]]:
-    """Similarity and magnitude terms of every attention whose kernel has a ``decompose(q, k)`` method
-    (the implicit kernels of IKA split log k into a similarity and a magnitude term).
+def collect_decompositions(model: nn.Module, run) -> list[dict[str, Any]]:
+    """Similarity and magnitude terms of every attention whose kernel splits log k that way: ``exp``
+    (IKA Proposition 1) and the implicit kernels (their ``decompose``), via
+    :func:`kernel_attention.decomposition.decompose`.
 
-    ``run()`` performs one forward pass; each :class:`KernelAttention` in ``model`` (in module order) records
-    ``kernel.decompose(q, k)`` of its per-head projections.  Returns one dict per attention call, with the
-    module name under ``"module"``; attentions whose kernel has no ``decompose`` are skipped.
+    ``run()`` performs one forward pass; each :class:`KernelAttention` in ``model`` records, per call,
+    ``{"module": name, "log_similarity": (B,H,Tq,Tk), "log_magnitude": (B,H,Tq,Tk)}`` computed from its per-head
+    projections q, k (the kernel on f only: positional factors and filters are not included).  Attentions
+    whose kernel has no decomposition are skipped.
     """
-    out: list[dict[str, Any]] = []
-    handles = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, KernelAttention) and hasattr(mod.kernel, "decompose"):
-            def hook(m, args, result, name=name):
-                q, k = result[0], result[1]
-                parts = m.kernel.decompose(q, k)
-                parts = dict(parts) if isinstance(parts, Mapping) else {"terms": parts}
-                out.append({"module": name, **parts})
-            # project() returns (q, k, v, terms); wrap it so the hook sees them.
-            orig = mod.project
+    from kernel_attention.decomposition import decompose
+    from kernel_attention.kernels import ExpKernel
 
-            def wrapped(*a, _orig=orig, _m=mod, _h=hook, **kw):
+    out: list[dict[str, Any]] = []
+    patched = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, KernelAttention) and (isinstance(mod.kernel, ExpKernel) or hasattr(mod.kernel, "decompose")):
+            def wrapped(*a, _orig=mod.project, _m=mod, _name=name, **kw):
                 res = _orig(*a, **kw)
-                _h(_m, a, res)
+                sim, mag = decompose(_m.kernel, res[0], res[1])
+                out.append({"module": _name, "log_similarity": sim, "log_magnitude": mag})
                 return res
-            mod.project = wrapped
-            handles.append(mod)
+            mod.project = wrapped  # an instance attribute shadows the method for this pass only
+            patched.append(mod)
     try:
         with torch.no_grad():
             run()
     finally:
-        for mod in handles:
-            del mod.project  # drop the instance attribute; the class method is back
+        for mod in patched:
+            del mod.project
     return out
