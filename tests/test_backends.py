@@ -214,3 +214,8 @@ def test_gpu_backends_agree():
         ref = attention(q, k, v, kernel, mask, backend="dense")
         out = attention(q, k, v, kernel, mask, backend="fused")
         torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("kernel", ["ikan-direct", "mikan"])
+def test_fused_implicit_kernels_share_their_spectral_state(kernel):
+    _close(_run("fused:block=1024", kernel, "none", "causal"), _run("dense", kernel, "none", "causal"))

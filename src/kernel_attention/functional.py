@@ -56,7 +56,9 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if finite:
         for name, x in (("q", q), ("k", k), ("v", v)):
-            if not torch.isfinite(x).all():
+            # One reduction instead of an elementwise mask: a NaN or inf makes the sum non-finite (a
+            # finite sum that overflows is re-checked elementwise).
+            if not torch.isfinite(x.detach().sum()) and not torch.isfinite(x).all():
                 raise ValueError(f"{name} contains NaN or inf values")
 
 

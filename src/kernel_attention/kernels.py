@@ -88,22 +88,33 @@ class Kernel(nn.Module):
         return None
 
     def blockwise(self, q: Tensor, k: Tensor):
-        """``(state, f)`` such that log k(q[rows], k[cols]) = f(q[..., rows, :], k[..., cols, :], *state)
-        for any block of query rows and key columns, with per-call state computed once here.
+        """``(state, f)`` with log k(q[rows], k[cols]) = f(rows, cols, q, k, *state) for any block of query
+        rows and key columns; per-call state (sampled spectral points, features) is computed once here.
 
         Fast backends use it to form log k a block at a time.  By default there is no state and f is
-        :meth:`log_kernel` -- right for every kernel whose value on a pair depends on that pair alone.
-        Kernels following the similarity x magnitude protocol of the implicit kernels (``prepare(q, k)``
-        -> state, ``log_similarity(q, k, state)``, ``log_magnitude(q, k)``) draw their spectral points
-        once per call, as ``log_kernel`` does, and share them across blocks."""
+        :meth:`log_kernel` on the slices -- right for every kernel whose value on a pair depends on
+        that pair alone.  Kernels following the similarity x magnitude protocol of the implicit kernels
+        (``prepare(q, k)`` -> state, ``log_similarity(q, k, state)``, ``log_magnitude(q, k)``) draw
+        their spectral points once per call, as ``log_kernel`` does; the random-feature similarity
+        log((phi(q) phi(k)^T / n)^2 + eps) of the implicit family also computes phi once.  A kernel
+        may override this method with a cheaper blockwise form."""
         prepare = getattr(self, "prepare", None)
         if prepare is None or not hasattr(self, "log_similarity") or not hasattr(self, "log_magnitude"):
-            return [], lambda qb, kb: self.log_kernel(qb, kb)
+            return [], lambda r, c, q, k: self.log_kernel(q[..., r, :], k[..., c, :])
         state = prepare(q, k)
         if state is None:
-            return [], lambda qb, kb: self.log_similarity(qb, kb, None) + self.log_magnitude(qb, kb)
+            return [], lambda r, c, q, k: (self.log_similarity(q[..., r, :], k[..., c, :], None)
+                                           + self.log_magnitude(q[..., r, :], k[..., c, :]))
         state = list(state)
-        return state, lambda qb, kb, *st: self.log_similarity(qb, kb, list(st)) + self.log_magnitude(qb, kb)
+        if getattr(type(self).log_similarity, "__qualname__", "") == "ImplicitKernel.log_similarity":
+            fq, fk, norm = self.features(q, state), self.features(k, state), self.feature_norm(state)
+
+            def f(r, c, q, k, fq, fk):
+                sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2)) / norm
+                return (sim.pow(2) + self.eps).log() + self.log_magnitude(q[..., r, :], k[..., c, :])
+            return [fq, fk], f
+        return state, lambda r, c, q, k, *st: (self.log_similarity(q[..., r, :], k[..., c, :], list(st))
+                                               + self.log_magnitude(q[..., r, :], k[..., c, :]))
 
     def feature_map(self, x: Tensor) -> Tensor | None:
         """A finite feature map phi with k(a, b) = <phi(a), phi(b)>: (..., D) -> (..., F), or None when

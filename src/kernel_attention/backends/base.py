@@ -26,7 +26,7 @@ from kernel_attention.smoother import PositionalTerms
 __all__ = ["Problem", "Backend", "BACKENDS", "block_rows", "BLOCK_ELEMENTS"]
 
 #: Elements of one (B, H, rows, Tk) block in the chunked paths: memory grows as rows x Tk, not Tq x Tk.
-BLOCK_ELEMENTS = 1 << 24
+BLOCK_ELEMENTS = 1 << 23
 
 
 @dataclasses.dataclass

@@ -61,14 +61,23 @@ def plan_blocks(keep: Tensor | None, tq: int, tk: int, rows: int) -> tuple[Tenso
     if keep is not None:
         while keep.dim() < 4:
             keep = keep.unsqueeze(0)
-        keep = keep.expand(keep.shape[0], keep.shape[1], tq, tk)
+        if keep.shape[-2:] != (tq, tk):  # (…, 1, Tk) or (…, Tq, 1): expand only the last two dims
+            keep = keep.expand(*keep.shape[:2], tq, tk)
+        # Dims broadcast by stride 0 (e.g. an expanded padding mask) are reduced for free.
+        keep_any = keep
+        for dim in (0, 1):
+            if keep_any.shape[dim] != 1 and keep_any.stride(dim) == 0:
+                keep_any = keep_any.narrow(dim, 0, 1)
     blocks = []
     for r0 in range(0, tq, rows):
         r1 = min(tq, r0 + rows)
         if keep is None:
             blocks.append((r0, r1, 0, tk))
             continue
-        cols = keep[..., r0:r1, :].reshape(-1, tk).any(0).nonzero()
+        kr = keep_any[..., r0:r1, :]
+        if kr.stride(-2) == 0:
+            kr = kr[..., :1, :]
+        cols = kr.any(-2).any(1).any(0).nonzero()
         if len(cols) == 0:
             blocks.append((r0, r1, 0, 0))
         else:
@@ -184,26 +193,39 @@ class _Chunked(torch.autograd.Function):
             rows, cols = slice(r0, r1), slice(lo, hi)
             with torch.enable_grad():
                 bias_g = spec.bias_fn(rows, cols, leaves) if spec.bias_fn is not None else None
-            bias = _masked_bias(spec, bias_g.detach() if bias_g is not None else None, rows, cols, v)
-            s = _logits(spec, qf, kf, rows, cols, bias).expand(b, h, r1 - r0, hi - lo)
-            p = torch.exp(s - lse[..., rows].unsqueeze(-1).to(s.dtype))
+            # In-place from here on: each (B, H, rows, cols) buffer is allocated once.
+            bias = bias_g.detach() if bias_g is not None else None
+            if qf is not None:
+                s = torch.matmul(qf[..., rows, :], kf[..., cols, :].transpose(-1, -2)).mul_(spec.scale)
+                if bias is not None:
+                    s.add_(bias)
+            else:
+                s = bias.expand(b, h, r1 - r0, hi - lo).clone()
+            if spec.keep is not None:
+                kb = spec.keep[..., rows, cols]
+                if not bool(kb.all()):
+                    s.masked_fill_(~kb, float("-inf"))
+            p = s.sub_(lse[..., rows].unsqueeze(-1).to(s.dtype)).exp_()
             dm = _dropout_mask(spec, i, p) if spec.dropout_p > 0 else None
             pu = p * dm if dm is not None else p
             g = gout[..., rows, :]
             dv[..., cols, :] += torch.matmul(pu.transpose(-1, -2), g)
-            dpu = torch.matmul(g, v[..., cols, :].transpose(-1, -2))
+            dp = torch.matmul(g, v[..., cols, :].transpose(-1, -2))
             if spec.value_fn is not None:
                 with torch.enable_grad():
                     pl = pu.detach().requires_grad_()
                     term = spec.value_fn(pl, rows, cols, leaves)
                     grads = torch.autograd.grad(term, [pl] + [leaves[j] for j in want], g, allow_unused=True)
-                dpu = dpu + grads[0]
+                dp.add_(grads[0])
                 accumulate(grads[1:], want)
-            dp = dpu * dm if dm is not None else dpu
-            ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+            if dm is not None:
+                dp.mul_(dm)
+            # sum_j P_ij dP_ij = dO_i · O_i (the output is linear in P, dropout and value term included)
+            delta = (g * out[..., rows, :]).sum(-1, keepdim=True)
+            ds = dp.sub_(delta).mul_(p)
             if qf is not None:
-                dq[..., rows, :] = torch.matmul(ds, kf[..., cols, :]) * spec.scale
-                dk[..., cols, :] += torch.matmul(ds.transpose(-1, -2), qf[..., rows, :]) * spec.scale
+                dq[..., rows, :] = torch.matmul(ds, kf[..., cols, :]).mul_(spec.scale)
+                dk[..., cols, :] += torch.matmul(ds.transpose(-1, -2), qf[..., rows, :]).mul_(spec.scale)
             if bias_g is not None and bias_g.requires_grad:
                 idx = [j for j in want]
                 grads = torch.autograd.grad(bias_g, [leaves[j] for j in idx], _sum_to(ds, bias_g.shape),

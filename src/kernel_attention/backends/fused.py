@@ -79,6 +79,16 @@ class _KeyBiasSDPA(torch.autograd.Function):
         return dqa[..., :dq_size], dka[..., :dq_size], dva[..., :dv], dkb, None, None, None
 
 
+def _rel_logits(q_side: Tensor, table: Tensor) -> Tensor:
+    """q_side (B|1, H, c, d) · table (H, S, d)^T -> (B|1, H, c, S), without the copy of the table per batch
+    element that broadcasting matmul makes: the batch goes into the rows of one (H, B·c, d) product."""
+    if table.dim() != 3 or q_side.shape[0] == 1:
+        return torch.matmul(q_side, table.transpose(-1, -2))
+    b, h, c, d = q_side.shape
+    out = torch.matmul(q_side.transpose(0, 1).reshape(h, b * c, d), table.transpose(-1, -2))
+    return out.view(h, b, c, -1).transpose(0, 1)
+
+
 def _gather_rel(logits: Tensor, idx: Tensor) -> Tensor:
     """logits (B|1, H, R', c) rows, idx (B|1, c, n) -> logits[..., i, idx[i, j]] (B|1, H, c, n)."""
     idx = idx.unsqueeze(1)
@@ -204,7 +214,7 @@ class FusedBackend(Backend):
             for w in kern.parameters():  # reached by f directly; passed so that they get gradients
                 if w.requires_grad:
                     slot(w)
-            pieces.append(lambda r, c, ex: f(ex[iq][..., r, :], ex[ik][..., c, :], *[ex[i] for i in ist]))
+            pieces.append(lambda r, c, ex: f(r, c, ex[iq], ex[ik], *[ex[i] for i in ist]))
         if key_bias is not None:
             i = slot(key_bias)
             pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
@@ -224,8 +234,7 @@ class FusedBackend(Backend):
                 def rel(r, c, ex, iq_=iq_, it_=it_, index=index):
                     idx = index[..., r, c]
                     lo, hi = int(idx.min()), int(idx.max()) + 1  # only the distances this block meets
-                    lg = torch.matmul(ex[iq_][..., r, :], ex[it_][..., lo:hi, :].transpose(-1, -2))
-                    return _gather_rel(lg, idx - lo)
+                    return _gather_rel(_rel_logits(ex[iq_][..., r, :], ex[it_][..., lo:hi, :]), idx - lo)
                 pieces.append(rel)
             if t.bias is not None:
                 i = slot(t.bias)

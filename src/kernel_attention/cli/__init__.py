@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Sub-command modules, in the order ``--help`` shows them.
-COMMANDS = ["check", "data", "train", "evaluate", "translate", "generate", "run", "study"]
+COMMANDS = ["check", "data", "bench", "train", "evaluate", "translate", "generate", "run", "study"]
 
 
 def build_parser() -> argparse.ArgumentParser:
