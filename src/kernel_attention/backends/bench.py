@@ -8,8 +8,10 @@ the exponential kernel on the same shapes, in one run.
 Each cell runs in a fresh subprocess (``python -m kernel_attention.backends.bench --cell JSON``) so that
 its peak memory is the growth of the process's maximum resident set (``ru_maxrss``) during one
 forward+backward pass, measured before the timed repeats.  Times are the minimum over ``--repeats``
-runs after one warm-up.  Ratios are to SDPA in the same run: plain SDPA for the full filter,
-``is_causal`` SDPA for causal filters, SDPA with the bool mask for other filters.
+runs after one warm-up.  Ratios are to SDPA with the exponential kernel timed *in the same process,
+interleaved with the cell* (so that a change of load on a shared machine hits both alike): plain SDPA
+for the full filter, ``is_causal`` SDPA for causal filters, SDPA with the bool mask for other filters.
+The SDPA rows of the table are separate cells, for reference.
 """
 
 from __future__ import annotations
@@ -77,16 +79,17 @@ def run_cell(cell: dict) -> dict:
     gout = torch.randn(b, h, t, d, device=dev, dtype=dtype)
     filt = FILTER_SPECS.get(cell["filter"], cell["filter"])
     backend = cell["backend"]
-    if backend == "sdpa":
-        mask, causal = None, False
-        if filt == "causal":
-            causal = True
-        elif filt is not None:
-            from kernel_attention.filters import make_filter
-            mask = make_filter(filt).mask(t, t, dev)
+    mask, causal = None, False
+    if filt == "causal":
+        causal = True
+    elif filt is not None:
+        from kernel_attention.filters import make_filter
+        mask = make_filter(filt).mask(t, t, dev)
 
-        def fn():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    if backend == "sdpa":
+        fn = sdpa
         params = []
     else:
         kern = make_kernel(cell["kernel"], n_heads=h, d_head=d).to(dev, dtype).eval()
@@ -99,24 +102,27 @@ def run_cell(cell: dict) -> dict:
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
-    def fwd():
+    def fwd(f=fn):
         with torch.no_grad():
-            fn()
+            f()
         sync()
 
-    def fwd_bwd():
-        fn().backward(gout)
+    def fwd_bwd(f=fn):
+        f().backward(gout)
         for x in [q, k, v] + params:
             x.grad = None
         sync()
 
-    def timed(f):
-        best = float("inf")
+    def timed(*fs):
+        """Minimum time (ms) of each function over the repeats, the functions interleaved so that a
+        change of load on the machine hits them alike."""
+        best = [float("inf")] * len(fs)
         for _ in range(cell["repeats"]):
-            t0 = time.perf_counter()
-            f()
-            best = min(best, time.perf_counter() - t0)
-        return best * 1000
+            for i, f in enumerate(fs):
+                t0 = time.perf_counter()
+                f()
+                best[i] = min(best[i], time.perf_counter() - t0)
+        return [b * 1000 for b in best]
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -127,10 +133,20 @@ def run_cell(cell: dict) -> dict:
     fwd_bwd()  # first pass: peak memory (and warm-up)
     first = (time.perf_counter() - t0) * 1000
     peak = ((torch.cuda.max_memory_allocated() - base) / 2 ** 20) if dev.type == "cuda" else _maxrss_mb() - base
-    fb = first if cell["repeats"] <= 1 and cell["T"] >= 4096 else min(first, timed(fwd_bwd))
-    fwd()
-    fw = timed(fwd)
-    return {"fwd_ms": fw, "fb_ms": fb, "peak_mb": peak}
+    paired = backend != "sdpa"
+    out = {"peak_mb": peak}
+    if paired:  # the SDPA baseline of the same shapes and filter, timed alongside
+        fwd_bwd(sdpa)
+        out["fb_ms"], out["sdpa_fb_ms"] = timed(fwd_bwd, lambda: fwd_bwd(sdpa))
+        out["fb_ms"] = min(out["fb_ms"], first)
+        fwd()
+        fwd(sdpa)
+        out["fwd_ms"], out["sdpa_fwd_ms"] = timed(fwd, lambda: fwd(sdpa))
+    else:
+        out["fb_ms"] = min(first, timed(fwd_bwd)[0])
+        fwd()
+        out["fwd_ms"] = timed(fwd)[0]
+    return out
 
 
 # ---- the parent: grid, subprocesses, table ----------------------------------------------------------
@@ -146,6 +162,8 @@ class Result:
     fb_ms: float | None = None
     peak_mb: float | None = None
     status: str = "ok"
+    sdpa_fwd_ms: float | None = None
+    sdpa_fb_ms: float | None = None
 
     @property
     def variant(self) -> str:
@@ -187,6 +205,7 @@ def _run_child(cell: dict, timeout: float) -> Result:
         return r
     out = json.loads(p.stdout.strip().splitlines()[-1])
     r.fwd_ms, r.fb_ms, r.peak_mb = out["fwd_ms"], out["fb_ms"], out["peak_mb"]
+    r.sdpa_fwd_ms, r.sdpa_fb_ms = out.get("sdpa_fwd_ms"), out.get("sdpa_fb_ms")
     return r
 
 
@@ -202,23 +221,28 @@ def table(results: list[Result]) -> str:
     """Markdown table: times, peak memory and ratios to SDPA (same filter) and to dense."""
     base = {(r.T, r.filter): r for r in results if r.backend == "sdpa"}
     dense = {(r.T, r.variant): r for r in results if r.backend == "dense"}
-    lines = ["| T | kernel / position / filter | backend | fwd ms | fwd+bwd ms | peak MB | fwd+bwd / SDPA | "
-             "fwd+bwd: dense / this | peak: this / dense |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | kernel / position / filter | backend | fwd ms | fwd+bwd ms | peak MB | fwd / SDPA | "
+             "fwd+bwd / SDPA | fwd+bwd: dense / this | peak: this / dense |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.status != "ok":
             lines.append(f"| {r.T} | {r.variant if r.backend != 'sdpa' else 'SDPA exp / ' + r.filter} | "
-                         f"{r.backend} | {r.status} | | | | | |")
+                         f"{r.backend} | {r.status} | | | | | | |")
             continue
         s = base.get((r.T, r.filter))
-        ratio = r.fb_ms / s.fb_ms if s is not None and s.status == "ok" else None
+        if r.sdpa_fb_ms:  # measured alongside, in the same process
+            ratio, fratio = r.fb_ms / r.sdpa_fb_ms, r.fwd_ms / r.sdpa_fwd_ms
+        elif s is not None and s.status == "ok":
+            ratio, fratio = r.fb_ms / s.fb_ms, r.fwd_ms / s.fwd_ms
+        else:
+            ratio = fratio = None
         dn = dense.get((r.T, r.variant))
         ok = dn is not None and dn.status == "ok" and r.backend != "dense"
         speed = dn.fb_ms / r.fb_ms if ok else None
         mem = (max(r.peak_mb, 0.0) / max(dn.peak_mb, 1e-9)) if ok else None
         name = r.variant if r.backend != "sdpa" else f"SDPA exp / {r.filter}"
         lines.append(f"| {r.T} | {name} | {r.backend} | {_fmt(r.fwd_ms)} | {_fmt(r.fb_ms)} | {_fmt(r.peak_mb)} | "
-                     f"{_fmt(ratio, '.2f')} | {_fmt(speed, '.1f')} | {_fmt(mem, '.3f')} |")
+                     f"{_fmt(fratio, '.2f')} | {_fmt(ratio, '.2f')} | {_fmt(speed, '.1f')} | {_fmt(mem, '.3f')} |")
     return "\n".join(lines)
 
 
