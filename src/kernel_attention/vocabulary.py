@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kernel_attention.attention import VALUE_POSITIONS
+from kernel_attention.backends import BACKENDS
 from kernel_attention.filters import FILTERS
 from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
@@ -10,7 +11,7 @@ from kernel_attention.positions import POSITIONS
 __all__ = ["describe_vocabulary", "REGISTRIES"]
 
 #: Every registry of attention parts, by the keyword that selects it.
-REGISTRIES = {"kernel": KERNELS, "position": POSITIONS, "filter": FILTERS}
+REGISTRIES = {"kernel": KERNELS, "position": POSITIONS, "filter": FILTERS, "backend": BACKENDS}
 
 
 def describe_vocabulary() -> str:

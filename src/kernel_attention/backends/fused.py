@@ -102,14 +102,15 @@ def _gather_rel(logits: Tensor, idx: Tensor) -> Tensor:
           doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as an SDPA bias"),
     Param("block", int, BLOCK_ELEMENTS, check=lambda x: x >= 1024, rule=">= 1024",
           doc="elements of one (B, H, rows, Tk) block on the blocked path"),
+    Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
 ])
 class FusedBackend(Backend):
     """Positive kernels on ``scaled_dot_product_attention`` (see the module docstring)."""
 
     name = "fused"
 
-    def __init__(self, key_bias: str = "features", block: int = BLOCK_ELEMENTS):
-        self.key_bias, self.block = key_bias, block
+    def __init__(self, key_bias: str = "features", block: int = BLOCK_ELEMENTS, flex: bool = True):
+        self.key_bias, self.block, self.flex = key_bias, block, flex
 
     def why_not(self, p: Problem) -> str | None:
         if p.need_weights:
@@ -167,6 +168,11 @@ class FusedBackend(Backend):
             why.append(f"filter {p.filter!r}: blocks skip keys outside their span, computing "
                        f"{100 * kept:.0f}% of the (Tq, Tk) pairs"
                        + ("" if kept < 0.75 else " (little to skip: the mask is applied, not exploited)"))
+        if p.q.device.type == "cuda" and self.flex and _has_form(p):
+            from kernel_attention.backends.flex import flex_why_not
+
+            if flex_why_not(p) is None:
+                return "fused: FlexAttention (score_mod for the additive terms, block mask for the filter); " + "; ".join(why)
         return (f"fused: blocked SDPA, {len(blocks)} blocks of {rows} query rows; " + "; ".join(why))
 
     # ---- running --------------------------------------------------------------------------------
@@ -184,6 +190,11 @@ class FusedBackend(Backend):
                 qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
                 kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
                 qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
+        if q.device.type == "cuda" and self.flex and form is not None and not self._direct(p):
+            from kernel_attention.backends.flex import flex_smoother, flex_why_not
+
+            if flex_why_not(p) is None:  # relative biases and sparse masks: score_mod + block mask
+                return flex_smoother(p, qf, kf, scale, key_bias), None
         if self._direct(p):
             ok, mask, is_causal = self._direct_mask(p)
             if key_bias is None:
