@@ -1,7 +1,7 @@
 """``kernel-attention translate CHECKPOINT --input FILE|-``: translate one tokenised sentence per line.
 
 For a ``translation`` run the lines are source sentences (BPE is applied, then removed from the output);
-for a ``synthetic`` run they are whitespace-separated symbol ids (>= 4).  Output: one line per input on
+for a ``synthetic`` run they are whitespace-separated symbol ids (>= 3).  Output: one line per input on
 stdout.  Decoding options come from the stored ``eval`` section; override with ``--beam``.
 """
 
@@ -25,7 +25,7 @@ def run(args) -> int:
     import torch
 
     from kernel_attention.cli.evaluate import load
-    from kernel_attention.tasks.synthetic import EOS, PAD, SyntheticSeq2SeqTask
+    from kernel_attention.tasks.synthetic import EOS, FIRST, PAD, SyntheticSeq2SeqTask
     from kernel_attention.tasks.translation import TranslationTask
 
     args.overrides = [f"eval.beam={args.beam}"] if args.beam else []
@@ -50,6 +50,11 @@ def run(args) -> int:
                 ids = [int(t) for t in line.split()]
             except ValueError:
                 print(f"kernel-attention: synthetic input lines hold integer symbol ids, got {line!r}", file=sys.stderr)
+                return 2
+            bad = [t for t in ids if not FIRST <= t < task.n_tokens]
+            if bad or not ids:
+                print(f"kernel-attention: symbol ids must be in [{FIRST}, {task.n_tokens - 1}], got {line!r}",
+                      file=sys.stderr)
                 return 2
             src = torch.tensor([ids + [EOS]])
             with torch.no_grad():

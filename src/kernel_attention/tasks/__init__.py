@@ -38,6 +38,8 @@ TASKS.register("synthetic", [
     Param("train_size", int, 6400, **_pos), Param("valid_size", int, 256, **_pos),
     Param("test_size", int, 256, **_pos),
     Param("label_smoothing", float, 0.0, check=lambda x: 0 <= x < 1, rule="in [0, 1)"),
+    Param("pairs", int, 4, doc="recall: key-value pairs", **_pos),
+    Param("block", int, 3, doc="translation: reordering window", **_pos),
 ], doc="synthetic seq2seq (copy/reverse/sort/recall/translation); exact match")(SyntheticSeq2SeqTask)
 
 TASKS.register("lm", [Param("batch_size", int, 60, **_pos), Param("tgt_len", int, 150, **_pos)],

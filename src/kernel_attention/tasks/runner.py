@@ -9,7 +9,8 @@ commands share.
 :func:`prepare` fails *before any training* on: unknown sections / options / names (task, model, kernel,
 position, filter, dataset, schedule), impossible combinations (``value_position=relative`` without
 ``position=shaw``, shared embeddings without a joint vocabulary, ...) and missing data files.  The model is
-built once on the ``meta`` device for this, so even paper-size models are checked in milliseconds.
+built once on the ``meta`` device for this (on the CPU when a part cannot be built there), so even
+paper-size models are checked quickly and without memory.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kernel_attention.tasks import build_task
 from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
 from kernel_attention.training.task import Task
 
-__all__ = ["prepare", "train", "load_run", "run_dir_of"]
+__all__ = ["prepare", "train", "load_run", "run_dir_of", "build_checked"]
 
 
 def _train_config(cfg: Mapping[str, Any]) -> TrainConfig:
@@ -44,9 +45,20 @@ def prepare(cfg: Mapping[str, Any], check_model: bool = True) -> tuple[Task, Tra
     if check_model:
         if hasattr(task, "prepare_data"):
             task.prepare_data()  # real tensors: load before entering the meta-device context
-        with torch.device("meta"):
-            task.build_model()  # attention configs, sizes and data files are checked here
+        build_checked(task.build_model)  # attention configs, sizes and data files are checked here
     return task, train_cfg
+
+
+def build_checked(build):
+    """Run a model constructor for its checks, on the ``meta`` device when every part supports it (no
+    memory, milliseconds even at paper sizes), else on the CPU; returns nothing."""
+    try:
+        with torch.device("meta"):
+            build()
+    except (RuntimeError, NotImplementedError) as e:
+        if "meta" not in str(e):
+            raise
+        build()  # some constructor computes with tensors (e.g. a mask check); build it for real
 
 
 def run_dir_of(cfg: Mapping[str, Any], default: str | Path | None = None) -> Path:
