@@ -98,13 +98,21 @@ class Kernel(nn.Module):
         their spectral points once per call, as ``log_kernel`` does; the random-feature similarity
         log((phi(q) phi(k)^T / n)^2 + eps) of the implicit family also computes phi once.  A kernel
         may override this method with a cheaper blockwise form."""
+        # Each f reads q[..., r, :] and k[..., c, :] once; ``sliced_args`` declares how it reads its
+        # state ("rows", "cols" or None = whole), which lets backends give each block its own leaves.
         prepare = getattr(self, "prepare", None)
         if prepare is None or not hasattr(self, "log_similarity") or not hasattr(self, "log_magnitude"):
-            return [], lambda r, c, q, k: self.log_kernel(q[..., r, :], k[..., c, :])
+            def f(r, c, q, k):
+                return self.log_kernel(q[..., r, :], k[..., c, :])
+            f.sliced_args = []
+            return [], f
         state = prepare(q, k)
         if state is None:
-            return [], lambda r, c, q, k: (self.log_similarity(q[..., r, :], k[..., c, :], None)
-                                           + self.log_magnitude(q[..., r, :], k[..., c, :]))
+            def f(r, c, q, k):
+                return (self.log_similarity(q[..., r, :], k[..., c, :], None)
+                        + self.log_magnitude(q[..., r, :], k[..., c, :]))
+            f.sliced_args = []
+            return [], f
         state = list(state)
         if getattr(type(self).log_similarity, "__qualname__", "") == "ImplicitKernel.log_similarity":
             fq, fk, norm = self.features(q, state), self.features(k, state), self.feature_norm(state)
@@ -112,9 +120,14 @@ class Kernel(nn.Module):
             def f(r, c, q, k, fq, fk):
                 sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2)) / norm
                 return (sim.pow(2) + self.eps).log() + self.log_magnitude(q[..., r, :], k[..., c, :])
+            f.sliced_args = ["rows", "cols"]
             return [fq, fk], f
-        return state, lambda r, c, q, k, *st: (self.log_similarity(q[..., r, :], k[..., c, :], list(st))
-                                               + self.log_magnitude(q[..., r, :], k[..., c, :]))
+
+        def f(r, c, q, k, *st):
+            return (self.log_similarity(q[..., r, :], k[..., c, :], list(st))
+                    + self.log_magnitude(q[..., r, :], k[..., c, :]))
+        f.sliced_args = [None] * len(state)
+        return state, f
 
     def feature_map(self, x: Tensor) -> Tensor | None:
         """A finite feature map phi with k(a, b) = <phi(a), phi(b)>: (..., D) -> (..., F), or None when

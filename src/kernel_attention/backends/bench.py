@@ -246,6 +246,67 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _fast(r: Result) -> bool:
+    return r.backend not in ("dense", "sdpa")
+
+
+def summary(results: list[Result]) -> str:
+    """The targets of docs/benchmarks.md, checked against the results (markdown)."""
+    ok = [r for r in results if r.status == "ok"]
+    dense = {(r.T, r.variant): r for r in ok if r.backend == "dense"}
+    lines = ["| target | variant | backend | T | measured | met |", "|---|---|---|---|---|---|"]
+
+    def row(target, r, value, good, fmt=".2f"):
+        lines.append(f"| {target} | {r.variant} | {r.backend} | {r.T} | {format(value, fmt)} | "
+                     f"{'yes' if good else '**no**'} |")
+
+    for r in ok:
+        if not _fast(r) or r.T < 1024 or not r.sdpa_fb_ms:
+            continue
+        ratio = r.fb_ms / r.sdpa_fb_ms
+        if r.position == "none" and r.kernel in ("exp", "rbf") or r.position == "product":
+            row("fwd+bwd / SDPA <= 1.3", r, ratio, ratio <= 1.3)
+        elif r.position in ("shaw", "xl"):
+            row("fwd+bwd / SDPA <= 1.8", r, ratio, ratio <= 1.8)
+        if r.backend == "linear" and r.filter == "causal" and r.T >= 4096:
+            row("causal linear: fwd+bwd / SDPA-causal <= 2", r, ratio, ratio <= 2.0)
+    for r in ok:
+        d = dense.get((r.T, r.variant))
+        if not _fast(r) or r.T < 4096 or d is None or r.backend == "linear":
+            continue
+        row("dense / this >= 2 (fwd+bwd time)", r, d.fb_ms / r.fb_ms, d.fb_ms / r.fb_ms >= 2.0, ".1f")
+        frac = max(r.peak_mb, 0.0) / max(d.peak_mb, 1e-9)
+        row("peak this / dense <= 0.25", r, frac, frac <= 0.25, ".3f")
+    for r in ok:
+        if _fast(r) and r.T >= 4096 and (r.T, r.variant) not in dense:
+            st = next((x.status for x in results if x.backend == "dense" and x.T == r.T and x.variant == r.variant), "not run")
+            lines.append(f"| dense comparison | {r.variant} | {r.backend} | {r.T} | dense {st} | - |")
+    # crossover of the linear backend with dense
+    for variant in dict.fromkeys(r.variant for r in ok if r.backend == "linear"):
+        ts = sorted({r.T for r in ok if r.variant == variant})
+        wins = []
+        for t in ts:
+            lin = next((r for r in ok if r.variant == variant and r.T == t and r.backend == "linear"), None)
+            d = dense.get((t, variant))
+            if lin is not None and d is not None:
+                wins.append((t, lin.fb_ms < d.fb_ms, d.fb_ms / lin.fb_ms))
+        if wins:
+            first = next((t for t, w, _ in wins if w and all(w2 for t2, w2, _ in wins if t2 >= t)), None)
+            detail = ", ".join(f"T={t}: dense/linear {x:.2f}" for t, _, x in wins)
+            lines.append(f"| linear beats dense from a crossover | {variant} | linear | - | "
+                         f"{'from T=' + str(first) if first else 'not in the measured range'} ({detail}) | "
+                         f"{'yes' if first else '**no**'} |")
+    return "\n".join(lines)
+
+
+def load(paths) -> list[Result]:
+    out = []
+    for path in paths:
+        with open(path) as f:
+            out += [Result(**r) for r in json.load(f)]
+    return out
+
+
 def machine() -> str:
     import torch
 
@@ -309,7 +370,7 @@ def run(args) -> int:
                 cell = dict(common, kernel=kernel, position=position, filter=filt, backend=backend)
                 results.append(_run_child(cell, args.timeout))
                 _progress(results[-1], started)
-    text = table(results)
+    text = table(results) + "\n\nTargets:\n\n" + summary(results)
     print(text)
     if args.out:
         cmd = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])

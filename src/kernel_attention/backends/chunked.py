@@ -48,6 +48,10 @@ class ChunkSpec:
     value_fn: Callable | None = None
     dropout_p: float = 0.0
     seed: int = 0
+    #: per extra, how the callbacks read it: "rows" (x[..., rows, :]), "cols" (x[..., cols, :]),
+    #: "keys" (x[..., cols]) or None (whole).  Sliced extras get per-block gradients written into
+    #: their slice instead of a full-size gradient per block.
+    axes: list | None = None
 
     @property
     def explicit(self) -> bool:
@@ -125,6 +129,24 @@ def _pad_last(x: Tensor, d: int) -> Tensor:
     return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
 
 
+class _Sliced:
+    """Stands for an extra inside one block: indexing it with the block's slice returns the block's
+    own leaf (whose gradient is the slice's gradient)."""
+
+    def __init__(self, leaf: Tensor, key: tuple):
+        self.leaf, self.key = leaf, key
+
+    def __getitem__(self, key):
+        if key != self.key:
+            raise RuntimeError(f"blocked attention: extra read as [{key}] where [{self.key}] was declared")
+        return self.leaf
+
+
+def _block_key(axis: str, rows: slice, cols: slice) -> tuple:
+    return {"rows": (Ellipsis, rows, slice(None)), "cols": (Ellipsis, cols, slice(None)),
+            "keys": (Ellipsis, cols)}[axis]
+
+
 class _Chunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: ChunkSpec, qf, kf, v, *extras):
@@ -180,19 +202,36 @@ class _Chunked(torch.autograd.Function):
         leaves = [x if x is None or x.is_leaf or not x.requires_grad else x.detach().requires_grad_()
                   for x in extras]
         want = [j for j, x in enumerate(leaves) if x is not None and x.requires_grad]
-        gext = [None] * len(extras)
+        axes = spec.axes or [None] * len(extras)
+        gext = [torch.zeros_like(extras[j]) if j in want and axes[j] else None for j in range(len(extras))]
+        block = {}  # extra index -> (its leaf in this block, the block's index into the extra)
 
         def accumulate(grads, idx):
             for j, g in zip(idx, grads):
-                if g is not None:
+                if g is None:
+                    continue
+                if j in block:
+                    gext[j][block[j][1]] += g
+                else:
                     gext[j] = g if gext[j] is None else gext[j] + g
+
+        def block_inputs(idx):
+            return [block[j][0] if j in block else leaves[j] for j in idx]
 
         for i, (r0, r1, lo, hi) in enumerate(spec.blocks):
             if hi <= lo:
                 continue
             rows, cols = slice(r0, r1), slice(lo, hi)
+            ex = list(leaves)
+            block.clear()
+            for j in want:
+                if axes[j]:
+                    key = _block_key(axes[j], rows, cols)
+                    leaf = extras[j][key].detach().requires_grad_()
+                    block[j] = (leaf, key)
+                    ex[j] = _Sliced(leaf, key)
             with torch.enable_grad():
-                bias_g = spec.bias_fn(rows, cols, leaves) if spec.bias_fn is not None else None
+                bias_g = spec.bias_fn(rows, cols, ex) if spec.bias_fn is not None else None
             # In-place from here on: each (B, H, rows, cols) buffer is allocated once.
             bias = bias_g.detach() if bias_g is not None else None
             if qf is not None:
@@ -214,8 +253,8 @@ class _Chunked(torch.autograd.Function):
             if spec.value_fn is not None:
                 with torch.enable_grad():
                     pl = pu.detach().requires_grad_()
-                    term = spec.value_fn(pl, rows, cols, leaves)
-                    grads = torch.autograd.grad(term, [pl] + [leaves[j] for j in want], g, allow_unused=True)
+                    term = spec.value_fn(pl, rows, cols, ex)
+                    grads = torch.autograd.grad(term, [pl] + block_inputs(want), g, allow_unused=True)
                 dp.add_(grads[0])
                 accumulate(grads[1:], want)
             if dm is not None:
@@ -228,7 +267,7 @@ class _Chunked(torch.autograd.Function):
                 dk[..., cols, :] += torch.matmul(ds.transpose(-1, -2), qf[..., rows, :]).mul_(spec.scale)
             if bias_g is not None and bias_g.requires_grad:
                 idx = [j for j in want]
-                grads = torch.autograd.grad(bias_g, [leaves[j] for j in idx], _sum_to(ds, bias_g.shape),
+                grads = torch.autograd.grad(bias_g, block_inputs(idx), _sum_to(ds, bias_g.shape),
                                             allow_unused=True)
                 accumulate(grads, idx)
         return (None, dq, dk, dv, *gext)

@@ -132,7 +132,10 @@ class FusedBackend(Backend):
         if p.causal and tq == tk:
             return True, None, True
         if p.key_only and empty_rows(p.keep) is None:
-            return True, as_float_mask(p.keep, p.q.dtype), False
+            keep = p.keep
+            while keep.dim() < 4:
+                keep = keep.unsqueeze(0)
+            return True, as_float_mask(keep[..., :1, :], p.q.dtype), False  # (B|1, H|1, 1, Tk)
         return False, None, False
 
     def _direct(self, p: Problem) -> bool:
@@ -212,35 +215,41 @@ class FusedBackend(Backend):
         b, h, tq, tk = p.shape
         keep, blocks = plan_blocks(p.keep, tq, tk, block_rows(b, h, tq, tk, self.block))
         extras: list = []
+        axes: list = []
         pieces = []  # callables (rows, cols, ex) -> additive term
 
-        def slot(x):
+        def slot(x, axis=None):
+            """Register an extra tensor; ``axis`` declares how the callbacks index it (see ChunkSpec)."""
+            if axis == "rows" and x.shape[-2] == 1 or axis == "keys" and x.shape[-1] == 1:
+                axis = None  # broadcast along the sliced axis: read whole
             extras.append(x)
+            axes.append(axis)
             return len(extras) - 1
 
         if qf is None:  # a kernel with log_kernel only: log k per block, gradients through autograd
             state, f = kern.blockwise(q, k)
-            iq, ik = slot(q), slot(k)
-            ist = [slot(x) for x in state]
+            sliced = getattr(f, "sliced_args", None)  # how f indexes q, k and the state, if declared
+            iq, ik = slot(q, "rows" if sliced is not None else None), slot(k, "cols" if sliced is not None else None)
+            ist = [slot(x, sliced[i] if sliced else None) for i, x in enumerate(state)]
             for w in kern.parameters():  # reached by f directly; passed so that they get gradients
                 if w.requires_grad:
                     slot(w)
             pieces.append(lambda r, c, ex: f(r, c, ex[iq], ex[ik], *[ex[i] for i in ist]))
         if key_bias is not None:
-            i = slot(key_bias)
+            i = slot(key_bias, "keys")
             pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
         if t is not None:
             if t.q_feat is not None and qf is None:  # not concatenated to features: a per-block product
-                iqf, ikf = slot(t.q_feat), slot(t.k_feat)
+                iqf, ikf = slot(t.q_feat, "rows"), slot(t.k_feat, "cols")
                 pieces.append(lambda r, c, ex: torch.matmul(ex[iqf][..., r, :], ex[ikf][..., c, :].transpose(-1, -2)))
             if t.key_bias is not None:
-                i = slot(t.key_bias)
+                i = slot(t.key_bias, "keys")
                 pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
             for logits, index in t.relative:
-                i = slot(logits)
+                i = slot(logits, "rows")
                 pieces.append(lambda r, c, ex, i=i, index=index: _gather_rel(ex[i][..., r, :], index[..., r, c]))
             for q_side, table, index in t.relative_factors:
-                iq_, it_ = slot(q_side), slot(table)
+                iq_, it_ = slot(q_side, "rows"), slot(table)
 
                 def rel(r, c, ex, iq_=iq_, it_=it_, index=index):
                     idx = index[..., r, c]
@@ -274,7 +283,7 @@ class FusedBackend(Backend):
 
         seed = int(torch.randint(0, 2 ** 62, (1,))) if p.dropout_p > 0 else 0
         spec = ChunkSpec(scale=scale, blocks=blocks, keep=keep, bias_fn=bias_fn if pieces else None,
-                         value_fn=value_fn, dropout_p=p.dropout_p, seed=seed)
+                         value_fn=value_fn, dropout_p=p.dropout_p, seed=seed, axes=axes)
         return chunked_smoother(spec, qf, kf, v, *extras)
 
 
