@@ -5,17 +5,23 @@
     classifier.py      SentenceClassifier   encoder + mean pooling + linear
     regressor.py       SequenceRegressor    IKA regression: the whole dataset as one sequence
     lstm.py            TNLSTM, AblatedLSTM  Transformer Networks Eqs. 13-21 with the Eq. 19 weights
-    node_classifier.py NodeClassifier       two GAT layers (when graph.py's GraphAttention exists)
+    node_classifier.py NodeClassifier       two GAT layers over an edge list (graph.py's GraphAttention)
+    common.py          attention configs per place, scaled embeddings, collect_decompositions
 
 ``MODELS`` builds any of them by name with typed parameters; the sizes a task knows (vocabulary sizes,
 feature counts, classes) are passed as context: ``MODELS.create({"name": "lm", "d_model": 64}, vocab=100)``.
 Attention configs (``attention``, ``encoder_attention``, ...) are dicts of KernelAttention arguments.
+
+Inspection: every model's ``forward(..., need_weights=True)`` / ``attention_maps(...)`` returns the attention
+weights per layer and head; ``collect_decompositions(model, lambda: model(...))`` returns the similarity
+and magnitude terms (IKA Prop. 1) of every attention whose kernel has them (exp and the implicit kernels).
 """
 
 from __future__ import annotations
 
 from kernel_attention.models.block import TransformerBlock
 from kernel_attention.models.classifier import SentenceClassifier
+from kernel_attention.models.common import collect_decompositions
 from kernel_attention.models.language_model import LanguageModel
 from kernel_attention.models.lstm import AblatedLSTM, TNLSTM
 from kernel_attention.models.regressor import SequenceRegressor
@@ -23,7 +29,7 @@ from kernel_attention.models.translation import TranslationModel
 from kernel_attention.registry import Param, Registry
 
 __all__ = ["TransformerBlock", "TranslationModel", "LanguageModel", "SentenceClassifier", "SequenceRegressor",
-           "TNLSTM", "AblatedLSTM", "MODELS"]
+           "TNLSTM", "AblatedLSTM", "MODELS", "collect_decompositions"]
 
 MODELS = Registry("model")
 
