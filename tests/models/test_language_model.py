@@ -34,21 +34,21 @@ def test_segment_with_memory_equals_concatenated_context(attention):
     torch.testing.assert_close(mems2[0], model.embed(tokens[:, 6:]))
 
 
-def test_memory_is_truncated_and_old_context_is_forgotten():
+def test_memory_keeps_the_last_mem_len_steps_of_each_layer_input():
     torch.manual_seed(1)
-    model = tiny(mem_len=4)
-    a = torch.randint(0, 23, (1, 4))
-    b = torch.randint(0, 23, (1, 4))
-    c = torch.randint(0, 23, (1, 4))
+    model = tiny(mem_len=5)
+    a, b = torch.randint(0, 23, (1, 4)), torch.randint(0, 23, (1, 4))
     _, m1 = model(a)
     _, m2 = model(b, m1)
-    out_c, _ = model(c, m2)
-    # with mem_len=4 the third segment sees only b: changing a changes nothing
-    _, m1x = model(torch.randint(0, 23, (1, 4)), None)
-    _, m2x = model(b, m1x)
-    assert m2[0].shape[1] == 4
-    # m2 differs (deeper layers saw a) but layer-0 memory (embeddings of b) is identical
-    torch.testing.assert_close(m2[0], m2x[0])
+    assert [m.shape[1] for m in m2] == [5, 5, 5]
+    # layer 0's input is the embedding: its memory is the embedding of the last 5 tokens [a_3, b_0..b_3]
+    torch.testing.assert_close(m2[0], model.embed(torch.cat([a, b], 1))[:, -5:])
+    # deeper memories are the layer inputs of the concatenated context (full memory: same as no segmentation)
+    full = tiny(mem_len=8)
+    full.load_state_dict(model.state_dict())
+    _, mf = full(torch.cat([a, b], 1))
+    for got, want in zip(m2, mf):
+        torch.testing.assert_close(got, want[:, -5:])
 
 
 def test_xl_biases_shared_by_all_layers_and_clamp_len():
