@@ -77,3 +77,20 @@ def test_small_dissection_cells_are_shrunk():
     assert len(cells) == 32 and {c.seed for c in cells} == {1, 2}
     assert all(c.config["model"]["d_model"] == 64 and c.config["data"]["dataset"] == "wikitext-2" for c in sp)
     assert any("WikiText-103 is not staged" in s for s in shrink)
+
+
+def test_probe_adds_similarity_and_magnitude(tmp_path):
+    """Fig. 3 data: a probed cell logs per-place max similarity (in (0, 1]) and mean log magnitude."""
+    from kernel_attention.study.core import Cell
+    from kernel_attention.study.runner import run_cell
+
+    c = get_study("synthetic-smoke").build(StudyOptions(scale="small"))[0][0]
+    c = Cell(c.study, c.table, c.row, c.col, c.seed, c.config, {"probe": True})
+    rec = run_cell(c, tmp_path / "cell", "exact_match")
+    assert rec["status"] == "ok"
+    valid = [json.loads(x) for x in (tmp_path / "cell" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in valid if r["split"] == "valid"]
+    sims = [v for r in valid for k, v in r.items() if k.endswith(".max_similarity")]
+    mags = [k for r in valid for k in r if k.endswith(".mean_log_magnitude")]
+    assert len(sims) == 3 * len(valid) and len(mags) == len(sims)  # encoder self, decoder self, cross
+    assert all(0.0 < s <= 1.0 + 1e-6 for s in sims)

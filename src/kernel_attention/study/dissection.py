@@ -24,14 +24,14 @@ CONFIG_ROOT = Path(__file__).resolve().parents[3] / "configs"
 SMALL_NMT = {
     "task": {"max_tokens": 2048, "bpe_vocab_size": 2000, "max_len": 64},
     "model": {"d_model": 64, "n_heads": 4, "d_ff": 128, "enc_layers": 1, "dec_layers": 1, "dropout": 0.1},
-    "train": {"max_steps": 500, "lr": 1e-3, "eval_every": 250, "checkpoint_every": 100,
+    "train": {"max_steps": 300, "lr": 1e-3, "eval_every": 150, "checkpoint_every": 50,
               "schedule": {"name": "inverse_sqrt", "warmup": 100, "warmup_init_lr": 1e-7}},
     "eval": {"beam": 1, "max_sentences": 200, "batch_size": 100},
 }
 SMALL_SP = {
-    "task": {"batch_size": 16, "tgt_len": 32},
+    "task": {"batch_size": 8, "tgt_len": 32},
     "model": {"d_model": 64, "n_heads": 4, "d_head": 16, "d_ff": 128, "n_layers": 2, "mem_len": 32},
-    "train": {"max_steps": 500, "lr": 1e-3, "eval_every": 0, "checkpoint_every": 100, "test_best": False},
+    "train": {"max_steps": 200, "lr": 1e-3, "eval_every": 0, "checkpoint_every": 50, "test_best": False},
     "eval": {"tgt_len": 32, "mem_len": 32, "clamp_len": 64, "batch_size": 60},
 }
 

@@ -83,7 +83,7 @@ def _fig2(fig_dir: Path, cells, dir_of, rows, name: str) -> list[str]:
                 w = model.attention_maps(toks[:, :n])[0][0]
             else:  # translation: encoder self-attention of the first source sentence
                 from kernel_attention.study.probes import attention_places
-                src = batch.src[:1] if hasattr(batch, "src") else batch["src"][:1]
+                src, tgt = batch["src"][:1], batch["tgt_in"][:1, :1]
                 att = [m for k, m in attention_places(model).items() if "self_attn" in k][0]
                 captured = {}
                 orig = att.forward
@@ -95,7 +95,6 @@ def _fig2(fig_dir: Path, cells, dir_of, rows, name: str) -> list[str]:
                     return y
                 att.forward = fwd
                 try:
-                    tgt = torch.full((1, 1), task.prepared.tgt_vocab.bos_id, dtype=torch.long)
                     model(src, tgt)
                 finally:
                     del att.forward
@@ -207,7 +206,7 @@ _REG_PAPER_ROWS = {"gp_rbf": "0.060±0.003 0.174±0.052 0.234±0.045 0.178±0.01
                    "ikan_direct": "0.055±0.002 0.110±0.039 0.118±0.038 0.111±0.018 0.018±0.004",
                    "mikan": "0.055±0.002 0.142±0.044 0.108±0.029 0.108±0.015 0.037±0.004"}
 _REG_PAPER = {(r, ds): v for r, line in _REG_PAPER_ROWS.items() for (ds, _), v in zip(_REG_DS, line.split())}
-_P_SWEEP = {"small": (0.1, 0.5, 1.0, 2.0, 3.0), "paper": (0.1, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)}
+_P_SWEEP = {"small": (0.1, 1.0, 2.0), "paper": (0.1, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)}
 _P_DS = "housing"
 
 

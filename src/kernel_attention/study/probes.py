@@ -33,8 +33,10 @@ def attention_places(model: torch.nn.Module) -> dict[str, Any]:
 def capture_kernel_inputs(model: torch.nn.Module) -> Iterator[dict[str, list]]:
     """Within the block, ``store[place]`` collects ``(q, k)`` of each log-kernel evaluation."""
     store: dict[str, list] = {}
-    patched = []
+    patched, backends = [], {}
     for name, att in attention_places(model).items():
+        backends[name] = att.backend
+        att.backend = "dense"  # the fused path of exp never forms log k; the dense one calls log_kernel
         kern = att.kernel
         if not hasattr(kern, "log_kernel"):
             continue
@@ -51,6 +53,8 @@ def capture_kernel_inputs(model: torch.nn.Module) -> Iterator[dict[str, list]]:
     finally:
         for kern in patched:
             del kern.log_kernel  # back to the class method
+        for name, att in attention_places(model).items():
+            att.backend = backends[name]
 
 
 class ProbedTask(Task):
