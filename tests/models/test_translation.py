@@ -102,3 +102,13 @@ def test_similarity_and_magnitude_decomposition_recovers_the_weights():
     torch.testing.assert_close(torch.softmax(p["log_similarity"] + p["log_magnitude"], -1), w)
     assert torch.all(p["log_similarity"] <= 1e-12)          # an RBF similarity is at most 1
     assert not hasattr(model.encoder[0].self_attn, "__dict__") or "project" not in model.encoder[0].self_attn.__dict__
+
+
+def test_xl_biases_shared_within_each_place():
+    model = tiny(pe_at_input=False, encoder_attention={"position": "xl"}, decoder_attention={"position": "xl"})
+    enc = {id(b.self_attn.position.u) for b in model.encoder}
+    dec = {id(b.self_attn.position.v) for b in model.decoder}
+    assert len(enc) == 1 and len(dec) == 1 and enc != dec
+    assert set(model.xl_biases.keys()) == {"encoder", "decoder"}
+    names = [n for n, _ in model.named_parameters() if n.endswith((".u", ".v")) or "xl_biases" in n]
+    assert len(names) == 4                          # two pairs, each registered once

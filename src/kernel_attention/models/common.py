@@ -24,7 +24,8 @@ from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
 from kernel_attention.registry import SpecError, parse_spec
 
-__all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions"]
+__all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
+           "share_xl_biases"]
 
 #: keyword arguments a per-place attention config may set (d_model and n_heads come from the model)
 ATTENTION_KEYS = tuple(n for n in inspect.signature(KernelAttention.__init__).parameters
@@ -89,6 +90,21 @@ def causal_filter(spec: Any) -> Any:
     if isinstance(spec, str) and ("causal" in spec or "memory" in spec):
         return spec
     return make_filter("causal") & make_filter(spec)
+
+
+def share_xl_biases(attentions) -> tuple[nn.Parameter, nn.Parameter] | None:
+    """Give every ``xl`` attention in ``attentions`` one shared (H, d) pair u, v (Transformer-XL's r_w_bias
+    and r_r_bias, created once per model); returns the pair, or None when none of them is ``xl``."""
+    from kernel_attention.positions import XLPosition
+
+    xl = [a for a in attentions if isinstance(a.position, XLPosition)]
+    if not xl:
+        return None
+    u = nn.Parameter(torch.randn(xl[0].n_heads, xl[0].d_head) * 0.02)
+    v = nn.Parameter(torch.randn(xl[0].n_heads, xl[0].d_head) * 0.02)
+    for a in xl:
+        a.position.share_biases(u, v)
+    return u, v
 
 
 class ScaledEmbedding(nn.Module):

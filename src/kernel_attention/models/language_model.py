@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from kernel_attention.filters import make_filter
 from kernel_attention.models.block import TransformerBlock
-from kernel_attention.models.common import (ScaledEmbedding, attention_config, position_name, sinusoidal_input,
+from kernel_attention.models.common import (ScaledEmbedding, attention_config, share_xl_biases, sinusoidal_input,
                                             with_position_param)
 from kernel_attention.positions import XLPosition
 
@@ -75,14 +75,10 @@ class LanguageModel(nn.Module):
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
         self.drop = nn.Dropout(dropout)
         self.output = None if tie_output else nn.Linear(d_model, vocab, bias=False)
-        if position_name(cfg) == "xl":
-            # Transformer-XL's r_w_bias / r_r_bias: one (H, d) pair for the whole model.
-            first = self.layers[0].self_attn
-            self.u = nn.Parameter(torch.randn(first.n_heads, first.d_head) * 0.02)
-            self.v = nn.Parameter(torch.randn(first.n_heads, first.d_head) * 0.02)
-            for layer in self.layers:
-                assert isinstance(layer.self_attn.position, XLPosition)
-                layer.self_attn.position.share_biases(self.u, self.v)
+        # Transformer-XL's r_w_bias / r_r_bias: one (H, d) pair for the whole model.
+        pair = share_xl_biases([layer.self_attn for layer in self.layers])
+        if pair is not None:
+            self.u, self.v = pair
 
     def init_mems(self) -> list[Tensor] | None:
         return None

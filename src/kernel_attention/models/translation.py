@@ -18,6 +18,8 @@ Attention per place -- each a dict of :class:`~kernel_attention.attention.Kernel
     B  encoder-decoder attention     ``cross_attention``     t_q = decoder position, t_k = encoder position
     C  decoder self-attention        ``decoder_attention``   filter: always intersected with causal
 
+With ``position="xl"`` the u/v biases are shared by the layers of a place, as Transformer-XL shares them.
+
 Positions t are integer indices 0..T-1 handed to *every* attention layer (features f and positions t stay
 separate through the stack).  ``pe_at_input=True`` is the standard baseline instead: the sinusoid of t is
 added once to the embeddings (Vaswani's direct sum) and the attentions usually use ``position="none"``.
@@ -32,7 +34,7 @@ from torch import Tensor, nn
 
 from kernel_attention.models.block import TransformerBlock
 from kernel_attention.models.common import (ScaledEmbedding, attention_config, causal_filter,
-                                            sinusoidal_input)
+                                            share_xl_biases, sinusoidal_input)
 
 __all__ = ["TranslationModel"]
 
@@ -80,6 +82,15 @@ class TranslationModel(nn.Module):
             TransformerBlock(d_model, n_heads, d_ff, attention=dec_cfg, cross_attention=self.attn_cfg["cross"],
                              norm=norm, dropout=dropout)
             for _ in range(dec_layers))
+        # xl positions: one u/v pair per place, shared by that place's layers (as Transformer-XL shares
+        # r_w_bias / r_r_bias across its layers); registered as xl_biases.<place>.{0,1}.
+        self.xl_biases = nn.ModuleDict()
+        for place, attns in (("encoder", [b.self_attn for b in self.encoder]),
+                             ("cross", [b.cross_attn for b in self.decoder]),
+                             ("decoder", [b.self_attn for b in self.decoder])):
+            pair = share_xl_biases(attns)
+            if pair is not None:
+                self.xl_biases[place] = nn.ParameterList(pair)
         # Pre-LN stacks end with a LayerNorm (fairseq normalize_before); post-LN blocks already end normalised.
         self.enc_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
