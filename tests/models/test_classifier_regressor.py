@@ -36,3 +36,18 @@ def test_regressor_is_permutation_equivariant_and_has_relu_after_both_ffn_layers
 def test_registry_builds_with_context():
     m = MODELS.create({"name": "regressor", "d_model": 16}, in_features=3)
     assert m.inp.in_features == 3
+
+
+def test_implicit_kernels_share_one_density_and_give_a_regularizer():
+    torch.manual_seed(2)
+    m = SentenceClassifier(30, 2, d_model=16, n_heads=2, d_ff=32, n_layers=2, attention={"kernel": "ikan"})
+    dens = {id(layer.self_attn.kernel.density) for layer in m.layers}
+    assert len(dens) == 1                                      # the paper's shared spectral estimator
+    m.n_train = 10.0
+    m(torch.randint(4, 30, (3, 5)))
+    from kernel_attention.implicit import regularization
+    r = m.regularization()
+    assert r.item() > 0
+    torch.testing.assert_close(r, regularization(m, 10.0))
+    plain = SentenceClassifier(30, 2, d_model=16, n_heads=2, d_ff=32)
+    assert plain.regularization().item() == 0.0

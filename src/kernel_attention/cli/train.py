@@ -2,8 +2,9 @@
 
 The config has sections ``task``, ``data``, ``model``, ``train``, ``eval``, ``seed``, ``run`` (see
 ``configs/`` and kernel_attention.config).  Overrides use dotted keys, e.g.
-``model.encoder_attention.kernel=rbf train.max_steps=2000``.  Every name and combination is checked before
-training starts (write the overrides right after CONFIG, options after them); a bad config exits with status 2 and a message naming what was wrong and what is accepted.
+``model.encoder_attention.kernel=rbf train.max_steps=2000`` (write them right after CONFIG, options after
+them).  Every name and combination is checked before training starts; a bad config exits with status 2 and
+a message naming what was wrong and what is accepted.
 Outputs go to ``--run-dir`` (default: the config's ``run.dir``, else ``runs/<config name>``): config.yaml,
 metrics.jsonl, last.pt, best.pt.  An existing last.pt is resumed unless ``--no-resume``.
 """

@@ -15,12 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.models.block import TransformerBlock
-from kernel_attention.models.common import ScaledEmbedding, attention_config, sinusoidal_input
+from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
+                                            sinusoidal_input)
 
 __all__ = ["SentenceClassifier"]
 
 
-class SentenceClassifier(nn.Module):
+class SentenceClassifier(KernelRegularized, nn.Module):
     """Transformer encoder sentence classifier (the IKA paper's text-classification setup).
 
     Args:
@@ -41,6 +42,7 @@ class SentenceClassifier(nn.Module):
                                                      dropout=dropout) for _ in range(n_layers))
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(d_model, n_classes)
+        self.finish_kernels()
 
     def forward(self, tokens: Tensor, key_mask: Tensor | None = None, need_weights: bool = False):
         """(B, T) ids, (B, T) bool (default id != pad) -> (B, n_classes) logits (+ per-layer weights)."""

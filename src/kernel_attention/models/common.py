@@ -25,7 +25,7 @@ from kernel_attention.positions import POSITIONS
 from kernel_attention.registry import SpecError, parse_spec
 
 __all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
-           "share_xl_biases"]
+           "share_xl_biases", "KernelRegularized"]
 
 #: keyword arguments a per-place attention config may set (d_model and n_heads come from the model)
 ATTENTION_KEYS = tuple(n for n in inspect.signature(KernelAttention.__init__).parameters
@@ -90,6 +90,27 @@ def causal_filter(spec: Any) -> Any:
     if isinstance(spec, str) and ("causal" in spec or "memory" in spec):
         return spec
     return make_filter("causal") & make_filter(spec)
+
+
+class KernelRegularized:
+    """Mixin for models whose attention may use the implicit kernels of IKA.
+
+    ``finish_kernels()`` (end of the constructor) makes the implicit kernels share one spectral density
+    (the paper's shared estimator, :func:`kernel_attention.implicit.share_spectral`);
+    ``regularization()`` is their KL (+ copula) term of the last forward pass divided by ``n_train``, the
+    number of training examples, which the task sets (the trainer adds it to the loss).  Zero when no
+    kernel is implicit.
+    """
+
+    n_train: float = 1.0
+
+    def finish_kernels(self) -> None:
+        from kernel_attention.implicit import share_spectral
+        share_spectral(self)
+
+    def regularization(self) -> Tensor:
+        from kernel_attention.implicit import regularization
+        return regularization(self, self.n_train)
 
 
 def share_xl_biases(attentions) -> tuple[nn.Parameter, nn.Parameter] | None:

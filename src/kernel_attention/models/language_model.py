@@ -30,14 +30,14 @@ from torch import Tensor, nn
 
 from kernel_attention.filters import make_filter
 from kernel_attention.models.block import TransformerBlock
-from kernel_attention.models.common import (ScaledEmbedding, attention_config, share_xl_biases, sinusoidal_input,
-                                            with_position_param)
+from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
+                                            share_xl_biases, sinusoidal_input, with_position_param)
 from kernel_attention.positions import XLPosition
 
 __all__ = ["LanguageModel"]
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(KernelRegularized, nn.Module):
     """Transformer-XL-style decoder-only LM with kernel attention.
 
     Args:
@@ -79,6 +79,7 @@ class LanguageModel(nn.Module):
         pair = share_xl_biases([layer.self_attn for layer in self.layers])
         if pair is not None:
             self.u, self.v = pair
+        self.finish_kernels()
 
     def init_mems(self) -> list[Tensor] | None:
         return None

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernel_attention.graph import GraphAttention
+from kernel_attention.models.common import KernelRegularized
 
 __all__ = ["NodeClassifier"]
 
 
-class NodeClassifier(nn.Module):
+class NodeClassifier(KernelRegularized, nn.Module):
     """Args: in_features, n_classes; hidden (8) and heads (8) of layer 1; out_heads (1; 8 for Pubmed,
     averaged); dropout (0.6, inputs and attention); kernel (``"gat"`` or a positive implicit kernel spec);
     negative_slope (0.2)."""
@@ -34,6 +35,7 @@ class NodeClassifier(nn.Module):
                                      negative_slope=negative_slope)
         self.layer2 = GraphAttention(hidden * heads, n_classes, out_heads, kernel, concat=False, dropout=dropout,
                                      negative_slope=negative_slope)
+        self.finish_kernels()
 
     def forward(self, x: Tensor, edge_index: Tensor, need_weights: bool = False):
         """x (N, F), edge_index (2, E) -> (N, n_classes) logits (+ [(edges, alpha (E, H))] per layer)."""

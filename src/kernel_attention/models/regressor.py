@@ -15,12 +15,12 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from kernel_attention.models.block import TransformerBlock
-from kernel_attention.models.common import attention_config
+from kernel_attention.models.common import KernelRegularized, attention_config
 
 __all__ = ["SequenceRegressor"]
 
 
-class SequenceRegressor(nn.Module):
+class SequenceRegressor(KernelRegularized, nn.Module):
     """Per-position regression over a set of rows with kernel self-attention.
 
     Args:
@@ -45,6 +45,7 @@ class SequenceRegressor(nn.Module):
             self.layers.append(block)
         self.head = nn.Linear(d_model, out_features)
         self.out_features = out_features
+        self.finish_kernels()
 
     def forward(self, x: Tensor, need_weights: bool = False):
         """(B, N, F) -> (B, N) (or (B, N, out_features) when out_features > 1) (+ per-layer weights)."""

@@ -33,13 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.models.block import TransformerBlock
-from kernel_attention.models.common import (ScaledEmbedding, attention_config, causal_filter,
-                                            share_xl_biases, sinusoidal_input)
+from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
+                                            causal_filter, share_xl_biases, sinusoidal_input)
 
 __all__ = ["TranslationModel"]
 
 
-class TranslationModel(nn.Module):
+class TranslationModel(KernelRegularized, nn.Module):
     """Encoder-decoder Transformer with kernel attention.
 
     Args:
@@ -99,6 +99,7 @@ class TranslationModel(nn.Module):
         if not tie_output:
             self.output = nn.Linear(d_model, tgt_vocab, bias=False)
             nn.init.normal_(self.output.weight, std=d_model ** -0.5)
+        self.finish_kernels()
 
     # -- encoder -------------------------------------------------------------------------------------
     def _embed(self, embed: ScaledEmbedding, tokens: Tensor, pos: Tensor) -> Tensor:

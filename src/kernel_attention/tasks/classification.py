@@ -70,8 +70,10 @@ class ClassificationTask(Task):
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
         self._prepare()
-        return MODELS.create(self.model_spec, vocab=len(self.vocab), n_classes=self.num_classes,
-                             pad_id=self.vocab.pad_id)
+        model = MODELS.create(self.model_spec, vocab=len(self.vocab), n_classes=self.num_classes,
+                              pad_id=self.vocab.pad_id)
+        model.n_train = float(len(self.split_data["train"][0]))  # IKA regulariser: KL per training sentence
+        return model
 
     def _batch(self, xs, ys):
         return {"tokens": nn.utils.rnn.pad_sequence(xs, batch_first=True, padding_value=self.vocab.pad_id), "labels": ys}

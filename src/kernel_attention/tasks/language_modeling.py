@@ -64,7 +64,9 @@ class LanguageModelingTask(Task):
 
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
-        return MODELS.create(self.model_spec, vocab=len(self.corpus.vocab))
+        model = MODELS.create(self.model_spec, vocab=len(self.corpus.vocab))
+        model.n_train = float(self.corpus.splits["train"].numel())  # IKA regulariser: KL per training token
+        return model
 
     def _rows(self, rank: int, world_size: int) -> torch.Tensor:
         it = LMOrderedIterator(self.corpus.splits["train"], self.batch_size * world_size, self.tgt_len)

@@ -45,7 +45,9 @@ class NodeClassificationTask(Task):
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
         g = self.graph
-        return MODELS.create(self.model_spec, in_features=g.x.shape[1], n_classes=g.num_classes)
+        model = MODELS.create(self.model_spec, in_features=g.x.shape[1], n_classes=g.num_classes)
+        model.n_train = float(g.train_mask.sum())  # IKA regulariser: KL per training node
+        return model
 
     def num_batches(self, epoch, rank=0, world_size=1):
         return 1

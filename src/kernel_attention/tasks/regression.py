@@ -78,7 +78,9 @@ class RegressionTask(Task):
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
         self._prepare()
-        return MODELS.create(self.model_spec, in_features=self.x.shape[1], out_features=self.y.shape[1])
+        model = MODELS.create(self.model_spec, in_features=self.x.shape[1], out_features=self.y.shape[1])
+        model.n_train = float(len(self.index["train"]))  # IKA regulariser: official 0.1 KL / N_train
+        return model
 
     def num_batches(self, epoch, rank=0, world_size=1):
         return 1

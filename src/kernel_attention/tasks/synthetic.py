@@ -85,7 +85,9 @@ class SyntheticSeq2SeqTask(Task):
     # -- Task interface -------------------------------------------------------------------------------
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
-        return MODELS.create(self.model_spec, src_vocab=self.n_tokens, tgt_vocab=self.n_tokens, pad_id=PAD)
+        model = MODELS.create(self.model_spec, src_vocab=self.n_tokens, tgt_vocab=self.n_tokens, pad_id=PAD)
+        model.n_train = float(self.train_size)  # IKA regulariser: KL per training example
+        return model
 
     def num_batches(self, epoch, rank=0, world_size=1):
         return len(range(rank, self.train_size // self.batch_size, world_size))

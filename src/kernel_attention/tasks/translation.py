@@ -75,8 +75,10 @@ class TranslationTask(Task):
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
         d = self.prepared
-        return MODELS.create(self.model_spec, src_vocab=len(d.src_vocab), tgt_vocab=len(d.tgt_vocab),
-                             pad_id=d.tgt_vocab.pad_id)
+        model = MODELS.create(self.model_spec, src_vocab=len(d.src_vocab), tgt_vocab=len(d.tgt_vocab),
+                              pad_id=d.tgt_vocab.pad_id)
+        model.n_train = float(len(d.splits["train"]))  # IKA regulariser: KL per training sentence pair
+        return model
 
     def _batches(self, split: str, seed: int | None):
         v = self.prepared.tgt_vocab
