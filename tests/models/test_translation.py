@@ -112,3 +112,27 @@ def test_xl_biases_shared_within_each_place():
     assert set(model.xl_biases.keys()) == {"encoder", "decoder"}
     names = [n for n, _ in model.named_parameters() if n.endswith((".u", ".v")) or "xl_biases" in n]
     assert len(names) == 4                          # two pairs, each registered once
+
+
+@pytest.mark.parametrize("kw", [{}, TD_TABLE3, {"norm": "pre", "pe_at_input": False,
+                                                "decoder_attention": {"position": "xl"},
+                                                "cross_attention": {"position": "shaw"}},
+                                {"decoder_attention": {"position": "shaw", "value_position": "relative",
+                                                       "filter": "local:window=2"}}])
+def test_incremental_step_equals_recomputing_the_prefix(kw):
+    torch.manual_seed(3)
+    model = tiny(**kw)
+    src = torch.randint(4, 17, (3, 6))
+    src[2, 4:] = 0                                            # a padded source
+    tgt = torch.randint(4, 19, (3, 5))
+    enc = model.encode(src)
+    state = {"enc": enc, "cache": None}
+    for t in range(1, 6):
+        lp, state = model.step(tgt[:, :t], state)
+        torch.testing.assert_close(lp, model.decode_step(tgt[:, :t], enc))
+    assert state["cache"][0].shape == (3, 5, 32)
+    # beam search reorders the cache with the hypotheses
+    idx = torch.tensor([2, 2, 0])
+    re = model.reorder_state(state, idx)
+    torch.testing.assert_close(re["cache"][1], state["cache"][1][idx])
+    torch.testing.assert_close(re["enc"]["out"], enc["out"][idx])

@@ -142,18 +142,53 @@ class TranslationModel(KernelRegularized, nn.Module):
         return (logits, weights) if need_weights else logits
 
     def decode_step(self, prefix: Tensor, enc: dict[str, Any]) -> Tensor:
-        """Log-probabilities (B, V) of the next token after ``prefix`` (B, t) (the whole prefix is
-        recomputed: no incremental cache)."""
+        """Log-probabilities (B, V) of the next token after ``prefix`` (B, t), recomputing the whole prefix
+        (the reference for :meth:`step`)."""
         logits = self.decode(prefix, enc)[:, -1]
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         return torch.log_softmax(logits, dim=-1)
 
+    def step(self, prefix: Tensor, state: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+        """Incremental decoding: log-probabilities (B, V) of the token after ``prefix`` (B, t), and the new state.
+
+        ``state`` = ``{"enc": encode(...) output, "cache": None | one (B, n, d) tensor per decoder layer}``.
+        Only the prefix tokens not yet cached (the last one, normally) go through the decoder; each layer's
+        self-attention gets the cached *inputs* of the earlier positions as ``memory`` (keys = [cache; new],
+        positions 0..n-1 before the new ones), the Transformer-XL mechanism.  With the causal filter this is
+        exactly :meth:`decode` on the whole prefix (tested), at the cost of one position per layer and step.
+        """
+        enc, cache = state["enc"], state.get("cache")
+        n = 0 if cache is None else cache[0].shape[1]
+        t = prefix.shape[1]
+        if t <= n:
+            raise ValueError(f"prefix of length {t} has nothing new after the {n} cached positions")
+        dev = prefix.device
+        pos, mem_pos = torch.arange(n, t, device=dev), torch.arange(0, n, device=dev)
+        x = self._embed(self.tgt_embed, prefix[:, n:], pos)
+        new_cache = []
+        for i, block in enumerate(self.decoder):
+            mem = None if cache is None else cache[i]
+            new_cache.append(x if mem is None else torch.cat([mem, x], 1))
+            x = block(x, pos=pos, memory=mem, memory_pos=mem_pos if mem is not None else None,
+                      context=enc["out"], context_pos=enc["pos"], context_key_mask=enc["key_mask"])
+        x = self.dec_norm(x[:, -1])
+        weight = self.tgt_embed.weight if self.output is None else self.output.weight
+        logits = x @ weight.t()
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return torch.log_softmax(logits, dim=-1), {"enc": enc, "cache": new_cache}
+
     @staticmethod
-    def reorder_state(enc: dict[str, Any], index: Tensor) -> dict[str, Any]:
-        """Encoder states for batch rows ``index`` (beam search expands and reorders hypotheses)."""
+    def reorder_state(state: dict[str, Any], index: Tensor) -> dict[str, Any]:
+        """Batch rows ``index`` of encoder states or of an incremental state (beam search expands and
+        reorders hypotheses); positions are shared by the batch and stay as they are."""
+        if "enc" in state:
+            cache = state.get("cache")
+            return {"enc": TranslationModel.reorder_state(state["enc"], index),
+                    "cache": None if cache is None else [c.index_select(0, index) for c in cache]}
         return {k: (v.index_select(0, index) if isinstance(v, Tensor) and k != "pos" else v)
-                for k, v in enc.items() if k != "weights"}
+                for k, v in state.items() if k != "weights"}
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_key_mask: Tensor | None = None,
                 tgt_key_mask: Tensor | None = None, need_weights: bool = False):

@@ -110,16 +110,14 @@ class SyntheticSeq2SeqTask(Task):
         """Generated tokens (B, L) ending in <eos>, right-padded (greedy, or beam when eval.beam > 1)."""
         model = unwrap(model)
         enc = model.encode(src)
-
-        def step(prefix, state):
-            return model.decode_step(prefix, state), state
-
+        state = {"enc": enc, "cache": None}
+        step = model.step  # incremental: each step runs only the newest token through the decoder
         beam = int(self.eval_opts["beam"])
         if beam > 1:
-            out = beam_search(step, src.shape[0], beam, BOS, EOS, max_len, state=enc, reorder=model.reorder_state,
+            out = beam_search(step, src.shape[0], beam, BOS, EOS, max_len, state=state, reorder=model.reorder_state,
                               len_penalty=self.eval_opts["len_penalty"], pad=PAD, device=src.device)
         else:
-            out = greedy_search(step, src.shape[0], BOS, EOS, max_len, state=enc, pad=PAD, device=src.device)
+            out = greedy_search(step, src.shape[0], BOS, EOS, max_len, state=state, pad=PAD, device=src.device)
         return out.tokens
 
     def evaluate(self, model, split):

@@ -111,16 +111,14 @@ class TranslationTask(Task):
         src = src.to(self.device)
         enc = m.encode(src, src.ne(v.pad_id))
         max_len = int(o["max_len_a"] * src.shape[1] + o["max_len_b"])
-
-        def step(prefix, state):
-            return m.decode_step(prefix, state), state
-
+        state = {"enc": enc, "cache": None}
+        step = m.step  # incremental: each step runs only the newest token through the decoder
         if int(o["beam"]) > 1:
-            out = beam_search(step, src.shape[0], int(o["beam"]), v.bos_id, v.eos_id, max_len, state=enc,
+            out = beam_search(step, src.shape[0], int(o["beam"]), v.bos_id, v.eos_id, max_len, state=state,
                               reorder=m.reorder_state, len_penalty=float(o["len_penalty"]), pad=v.pad_id,
                               device=src.device)
         else:
-            out = greedy_search(step, src.shape[0], v.bos_id, v.eos_id, max_len, state=enc, pad=v.pad_id,
+            out = greedy_search(step, src.shape[0], v.bos_id, v.eos_id, max_len, state=state, pad=v.pad_id,
                                 device=src.device)
         return [[t for t in row.tolist() if t not in (v.pad_id, v.eos_id)] for row in out.tokens]
 
