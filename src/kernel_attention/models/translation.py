@@ -6,6 +6,7 @@ r"""Encoder-decoder Transformer for translation, in the shape of fairseq's ``tra
                              cross_attention={"position": "product", "symmetric": True},
                              decoder_attention={"position": "none"})            # TD Table 3, no PE in C
     logits = model(src, tgt_in, src_key_mask, tgt_key_mask)                      # (B, T, V_tgt)
+    enc = model.encode(src); lp, state = model.step(prefix, {"enc": enc, "cache": None})   # decoding
 
 Shape (defaults = fairseq ``transformer_iwslt_de_en``): 6 encoder + 6 decoder post-LN blocks, d = 512,
 FFN 1024, 4 heads, dropout 0.3, token embeddings scaled by sqrt(d), decoder output tied to the decoder
