@@ -43,10 +43,12 @@ class Choice:
 
 
 def linear_crossover(features: int, d_head: int) -> int:
-    """Keys from which ``linear`` beats ``dense`` on CPU, by the cost model T·F ~ T^2·D measured in
-    docs/benchmarks.md (linear kernel F = D: from a few hundred keys; poly degree 2 F = D(D+1)/2:
-    from about a thousand)."""
-    return max(256, features // 2)
+    """Keys from which ``auto`` prefers ``linear`` to ``dense``.  The linear form costs ~T·F·Dv per
+    pass against T^2·D for dense, so they break even near T ~ F; measured on CPU (docs/benchmarks.md)
+    the feature-map passes carry several times the cost of their flops, so the switch is at 8·F keys
+    and never below 1024 (linear kernel, F = D = 64: about 1k keys; poly degree 2, F = D(D+1)/2 =
+    2080: beyond the lengths measured, so dense is kept)."""
+    return max(1024, 8 * features)
 
 
 def resolve_backend(spec) -> Backend:
