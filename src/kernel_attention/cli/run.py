@@ -34,7 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="train a small grid of attention choices on a synthetic task and print a table",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="reverse", choices=("copy", "reverse", "sort", "recall", "translation"))
-    p.add_argument("--steps", type=int, default=300, help="optimiser updates per run")
+    p.add_argument("--steps", type=int, default=250, help="optimiser updates per run")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-size", type=int, default=200, help="test examples per run")
