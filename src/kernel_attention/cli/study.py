@@ -27,12 +27,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, help="runs per cell (default: the study's for the scale)")
     p.add_argument("--data", default=None, help="data root (default: $KERNEL_ATTENTION_DATA or ../shared/data)")
     p.add_argument("--out", default="studies", help="output directory (default: studies)")
-    p.add_argument("--only", default="", help="comma-separated table / row / column ids to run (e.g. t2-sp)")
+    p.add_argument("--only", default="", help="comma-separated table / row / column ids to run (e.g. t2-sp); "
+                   "a/b selects cells matching both (e.g. mikan/cr)")
     p.add_argument("--nmt-data", default=None, help="NMT dataset (small: multi30k, paper: iwslt14)")
     p.add_argument("--lm-data", default=None, help="SP dataset (small: wikitext-2, paper: wikitext-103)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--retry-errors", action="store_true", help="run again cells that ended with an error")
     p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--collect-only", action="store_true",
+                   help="run no cell; rewrite runs.csv, table.md and figures from the finished cells")
     p.add_argument("--list", action="store_true", help="list the studies and their cells, run nothing")
     return p
 
@@ -58,8 +61,8 @@ def run(args) -> int:
     opts = StudyOptions(scale=args.scale, seeds=args.seeds, data=args.data,
                         only=tuple(x for x in args.only.split(",") if x), nmt_data=args.nmt_data,
                         lm_data=args.lm_data)
-    command = "kernel-attention study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+    command = "" if args.collect_only else "kernel-attention study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if len(sys.argv) > 2 and sys.argv[1] == "study" else f"kernel-attention study {study.name} --scale {args.scale}"
     execute(study.name, opts, args.out, command=command, retry_errors=args.retry_errors,
-            figures=not args.no_figures, log=lambda m: print(m, flush=True))
+            figures=not args.no_figures, log=lambda m: print(m, flush=True), run=not args.collect_only)
     return 0

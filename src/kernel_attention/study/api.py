@@ -22,14 +22,16 @@ def machine() -> str:
 
 
 def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
-            figures: bool = True, log=print) -> dict:
-    """Run + collect; returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
+            figures: bool = True, log=print, run: bool = True) -> dict:
+    """Run (unless ``run=False``) + collect; returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
     study = get_study(name)
     out = Path(out)
     sdir = out / study.name
     sdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log)
+    if not run and not command and (sdir / "study.json").is_file():
+        command = json.loads((sdir / "study.json").read_text()).get("command", "")
+    cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log, run=run)
     for line in shrink:
         log(f"  {options.scale} scale: {line}")
     csv_path = write_csv(sdir / "runs.csv", study, results)

@@ -69,6 +69,7 @@ class TableSpec:
     paper: dict[tuple[str, str], str]
     scale_factor: float = 1.0         # ours x factor when shown (accuracy in %: 100)
     digits: int = 2
+    scaled_units: bool = False        # regression: show RMSE in the scaled target units (runs' unit_factor)
 
 
 @dataclasses.dataclass

@@ -252,7 +252,7 @@ def _reg_figures(fig_dir, cells, dir_of, results):
     errors: dict[float, list[float]] = {}
     for r in results:
         if r["table"] == "p-sweep" and r.get("status") == "ok" and r.get("test") is not None:
-            errors.setdefault(float(r["tags"]["p"]), []).append(float(r["test"]))
+            errors.setdefault(float(r["tags"]["p"]), []).append(float(r["test"]) * r.get("unit_factor", 1.0))
     weights = {}
     for p in (2.0, 0.1):
         d = _first_dir([c for c in cells if c.table == "p-sweep" and c.tags.get("p") == p], dir_of)
@@ -262,22 +262,24 @@ def _reg_figures(fig_dir, cells, dir_of, results):
         with torch.no_grad():
             weights[p] = model.attention_maps(task.x[None])[0][0].float()
     if errors and weights:
-        out.append(p_histograms(fig_dir / "fig4_p_sweep.png", weights, errors, f"test RMSE ({_P_DS})"))
+        out.append(p_histograms(fig_dir / "fig4_p_sweep.png", weights, errors, f"test RMSE, scaled target ({_P_DS})"))
     return [p for p in out if p]
 
 
 REG = register_study(Study(
     "ika-regression", "Implicit Kernel Attention Table 4: regression RMSE (random 90/10 splits)", "mean_std",
-    [TableSpec("t4", "Table 4, RMSE (best test RMSE over epochs, as the official code)", "rmse", False,
-               [("gp_rbf", "GP (RBF) [paper only]"), ("gp_sm", "GP (SM) [paper only]")] + _REG_ROWS, _REG_DS,
-               _REG_PAPER, digits=3),
-     TableSpec("p-sweep", f"IKAN-direct on {_P_DS} against p (Fig. 4)", "rmse", False,
+    [TableSpec("t4", "Table 4, RMSE on the scaled target (best test RMSE over epochs, as the official code)",
+               "rmse", False, [("gp_rbf", "GP (RBF) [paper only]"), ("gp_sm", "GP (SM) [paper only]")] + _REG_ROWS,
+               _REG_DS, _REG_PAPER, digits=3, scaled_units=True),
+     TableSpec("p-sweep", f"IKAN-direct on {_P_DS} against p (Fig. 4), RMSE on the scaled target", "rmse", False,
                [(f"p={p:g}", f"p = {p:g}") for p in sorted(set(_P_SWEEP["small"]) | set(_P_SWEEP["paper"]))],
-               [(_P_DS, "Housing")], {}, digits=3)],
+               [(_P_DS, "Housing")], {}, digits=3, scaled_units=True)],
     _build_reg, {"small": 3, "paper": 10}, _reg_figures,
-    notes=["RMSE is in the original units of the target after the scaling the official code uses; the "
-           "paper's CO2/Passenger numbers are on its own series cuts, so compare the ordering of the rows "
-           "rather than the absolute values."]))
+    notes=["The task reports RMSE in the target's original units (runs.csv `test`); the tables show it in the "
+           "units of the scaled target (x `unit_factor` of the split's target scaler: min-max to [-1, 1] for "
+           "Housing and Parkinsons, standardisation otherwise, as in the official code), which is how the "
+           "paper's magnitudes read (e.g. Housing 0.126).  The CO2 and airline series are cut differently from "
+           "the paper's, so compare the ordering of the rows there rather than the absolute values."]))
 
 
 # ---- Table 5: graphs -----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from kernel_attention.study.core import Study, TableSpec
 __all__ = ["write_csv", "summarize_cell", "render_tables", "CSV_FIELDS"]
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
-              "final_test", "best_step", "steps", "wall_s", "cell", "error"]
+              "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error"]
 
 
 def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
@@ -43,6 +43,9 @@ def summarize_cell(protocol: str, table: TableSpec, runs: list[dict]) -> dict[st
     """``{"text": shown value, "value": number | None, "n": runs, ...}`` of one table cell."""
     if not runs:
         return {"text": "not run", "value": None, "n": 0}
+    if table.scaled_units:  # regression: the RMSE in the scaled target units (see runner.unit_factor)
+        runs = [{**r, "test": r["test"] * r.get("unit_factor", 1.0), "valid": r["valid"] * r.get("unit_factor", 1.0)}
+                if _ok(r) else r for r in runs]
     good = [r for r in runs if _ok(r)]
     bad = [r for r in runs if not _ok(r)]
     f, dg = table.scale_factor, table.digits

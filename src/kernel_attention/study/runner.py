@@ -99,12 +99,36 @@ def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
     return rec
 
 
+def unit_factor(config: dict) -> float | None:
+    """For a regression cell: d(scaled target) / d(target) of the split's fitted target scaler, so that
+    ``rmse * factor`` is the RMSE in the scaled units the IKA code reports; ``None`` for other tasks."""
+    import torch
+    task_cfg = config.get("task") or {}
+    if (task_cfg.get("name") if isinstance(task_cfg, dict) else task_cfg) != "regression":
+        return None
+    from kernel_attention.tasks import build_task
+    task = build_task(config)
+    task.prepare_data()
+    if task.y_scaler is None:
+        return 1.0
+    y = torch.tensor([[0.0], [1.0]])
+    t = task.y_scaler.transform(y)
+    return float((t[1] - t[0]).abs().reshape(-1)[0])
+
+
 def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]:
+    """The result records of the finished cells (regression ones get ``unit_factor``, see above)."""
     res = []
     for c in cells:
         p = cell_dir(out, study, c) / "result.json"
         if p.is_file():
-            res.append(json.loads(p.read_text()))
+            r = json.loads(p.read_text())
+            if "unit_factor" not in r:
+                f = unit_factor(c.config)
+                if f is not None:
+                    r["unit_factor"] = f
+                    r["test_scaled"] = None if r.get("test") is None else r["test"] * f
+            res.append(r)
     return res
 
 
@@ -114,11 +138,14 @@ def _fmt_s(s: float) -> str:
 
 
 def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
-              log=print) -> tuple[list[Cell], list[dict], list[str]]:
-    """Run every unfinished cell of ``study``; returns ``(cells, results, shrink)``."""
+              log=print, run: bool = True) -> tuple[list[Cell], list[dict], list[str]]:
+    """Run every unfinished cell of ``study`` (``run=False``: none, only collect); returns
+    ``(cells, results, shrink)``."""
     cells, shrink = study.build(options)
     if options.only:
-        cells = [c for c in cells if c.table in options.only or c.row in options.only or c.col in options.only]
+        def match(c, item):  # "a/b": the cell must match a and b (each a table, row or column id)
+            return all(part in (c.table, c.row, c.col) for part in item.split("/"))
+        cells = [c for c in cells if any(match(c, item) for item in options.only)]
         if not cells:
             raise ValueError(f"--only {list(options.only)} selects no cell of study {study.name}")
     ids = [c.id for c in cells]
@@ -133,6 +160,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         todo.append(c)
     n, done0 = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done0} already finished, {len(todo)} to run")
+    if not run:
+        return cells, read_results(out, study, cells), shrink
     start, spent = time.time(), []
     for i, c in enumerate(todo):
         d = cell_dir(out, study, c)
