@@ -166,4 +166,5 @@ def _hides_keys(filt) -> bool:
     """Whether a filter removes some key from some query (padding aside)."""
     if filt.kind == "full" or isinstance(filt, Padding):
         return False
-    return not bool(filt.mask(8, 8, key_mask=torch.ones(1, 8, dtype=torch.bool)).all())
+    probe = filt.mask(8, 8, device="cpu", key_mask=torch.ones(1, 8, dtype=torch.bool))  # cpu: works under meta init
+    return not bool(probe.all())
