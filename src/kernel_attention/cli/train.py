@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def run(args) -> int:
         return 0
     run_dir = Path(args.run_dir) if args.run_dir else run_dir_of(cfg, Path("runs") / Path(args.config).stem)
     summary = train(cfg, run_dir, resume=not args.no_resume)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        return 0
     print(json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float, str, dict, list, type(None)))},
                      default=str, indent=1))
     print(f"run directory: {run_dir}")
