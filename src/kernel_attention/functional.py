@@ -138,7 +138,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights)
     from kernel_attention.backends import choose
 
-    out, weights = choose(problem, backend).backend.run(problem)
+    out, weights = choose(problem, backend, explain=False).backend.run(problem)
     return (out, weights) if need_weights else out
 
 

@@ -63,10 +63,14 @@ class Problem:
         return self.keep is not None and (self.keep.dim() < 2 or self.keep.shape[-2] == 1 or self.keep.stride(-2) == 0)
 
 
+#: Most query rows per block: smaller blocks follow a sparse or causal filter more closely.
+MAX_BLOCK_ROWS = 256
+
+
 def block_rows(b: int, h: int, tq: int, tk: int, budget: int = BLOCK_ELEMENTS) -> int:
     """Query rows per block so that a (B, H, rows, Tk) block has at most ``budget`` elements
-    (at least 16 rows, at most Tq)."""
-    rows = max(16, budget // max(1, b * h * tk))
+    (at least 16 rows, at most MAX_BLOCK_ROWS and Tq)."""
+    rows = max(16, min(MAX_BLOCK_ROWS, budget // max(1, b * h * tk)))
     return min(tq, rows)
 
 

@@ -56,8 +56,10 @@ def resolve_backend(spec) -> Backend:
     return BACKENDS.create(spec)
 
 
-def choose(p: Problem, backend=AUTO) -> Choice:
-    """The backend for problem ``p``: ``backend`` is ``"auto"`` or a backend spec."""
+def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
+    """The backend for problem ``p``: ``backend`` is ``"auto"`` or a backend spec.  With
+    ``explain=False`` (what :func:`~kernel_attention.attention` uses) the chosen backend's own
+    description is skipped."""
     names = BACKENDS.names()
     if backend != AUTO:
         if isinstance(backend, str) and backend.split(":")[0] not in names:
@@ -68,7 +70,7 @@ def choose(p: Problem, backend=AUTO) -> Choice:
             raise BackendError(f"backend {chosen.name!r} cannot run this call: {why}. Use backend='auto' "
                                f"(or 'dense', which runs everything).")
         reasons = {n: ("requested" if n == chosen.name else "not requested") for n in names}
-        reasons[chosen.name] = "requested; " + chosen.describe(p)
+        reasons[chosen.name] = "requested" + ("; " + chosen.describe(p) if explain else "")
         return Choice(chosen.name, chosen, reasons)
 
     cands = {n: resolve_backend(n) for n in names}
@@ -95,7 +97,7 @@ def choose(p: Problem, backend=AUTO) -> Choice:
         reasons["dense"] = "chosen as the fall-back: no faster backend runs this call (see their reasons)"
     for n in names:
         if n == chosen:
-            reasons.setdefault(n, "chosen: " + cands[n].describe(p))
+            reasons.setdefault(n, "chosen" + (": " + cands[n].describe(p) if explain else ""))
         elif n not in reasons:
             reasons[n] = ("not chosen: " + why[n]) if why[n] is not None else (
                 "can run, but " + chosen + " is preferred here")

@@ -158,6 +158,7 @@ class FusedBackend(Backend):
         rows = block_rows(b, h, tq, tk, self.block)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
         kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
+        density = float(p.keep.float().mean()) if p.keep is not None else 1.0
         why = []
         if not _has_form(p):
             why.append(f"kernel {p.kernel.name!r} has no SDPA features, so log k is formed per block")
@@ -168,9 +169,10 @@ class FusedBackend(Backend):
         if p.terms is not None and p.terms.value:
             why.append("the relative value term needs the weights, formed explicitly per block")
         if p.keep is not None and not self._direct_mask(p)[0]:
-            why.append(f"filter {p.filter!r}: blocks skip keys outside their span, computing "
-                       f"{100 * kept:.0f}% of the (Tq, Tk) pairs"
-                       + ("" if kept < 0.75 else " (little to skip: the mask is applied, not exploited)"))
+            why.append(f"filter {p.filter!r} keeps {100 * density:.0f}% of the (Tq, Tk) pairs; blocks skip keys "
+                       f"outside their span and compute {100 * kept:.0f}%"
+                       + ("" if kept < 2 * density + 0.05 else
+                          " (inside the span the mask is applied, not exploited: dense emulation of the sparsity)"))
         if p.q.device.type == "cuda" and self.flex and _has_form(p):
             from kernel_attention.backends.flex import flex_why_not
 
