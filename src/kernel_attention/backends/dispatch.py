@@ -45,10 +45,11 @@ class Choice:
 def linear_crossover(features: int, d_head: int) -> int:
     """Keys from which ``auto`` prefers ``linear`` to ``dense``.  The linear form costs ~T·F·Dv per
     pass against T^2·D for dense, so they break even near T ~ F; measured on CPU (docs/benchmarks.md)
-    the feature-map passes carry several times the cost of their flops, so the switch is at 8·F keys
-    and never below 1024 (linear kernel, F = D = 64: about 1k keys; poly degree 2, F = D(D+1)/2 =
-    2080: beyond the lengths measured, so dense is kept)."""
-    return max(1024, 8 * features)
+    dense direct kernels are slow (linear kernel, F = D = 64: linear already 3x faster at 256 keys)
+    while large feature maps carry several times the cost of their flops (poly degree 2,
+    F = D(D+1)/2 = 2080: 6x slower than dense at 1024 keys, crossover extrapolated near 6-8k).
+    Hence the switch at 4·F keys, never below 256."""
+    return max(256, 4 * features)
 
 
 def resolve_backend(spec) -> Backend:
