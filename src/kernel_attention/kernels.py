@@ -151,11 +151,8 @@ _scale = Param("scale", float, None, optional=True, doc="multiplier of the expon
                check=lambda x: x > 0, rule="> 0; default 1/sqrt(d)")
 
 
-@KERNELS.register("exp", [_scale])
-class ExpKernel(Kernel):
-    """Exponential kernel exp(<a,b>·scale), scale = 1/sqrt(d) by default (Vaswani et al.)."""
-
-    name = "exp"
+class _ScaledKernel(Kernel):
+    """A kernel with one ``scale`` on its exponent (1/sqrt(d) when None)."""
 
     def __init__(self, scale: float | None = None):
         super().__init__()
@@ -163,6 +160,13 @@ class ExpKernel(Kernel):
 
     def hparams(self) -> dict:
         return {"scale": self.scale}
+
+
+@KERNELS.register("exp", [_scale])
+class ExpKernel(_ScaledKernel):
+    """Exponential kernel exp(<a,b>·scale), scale = 1/sqrt(d) by default (Vaswani et al.)."""
+
+    name = "exp"
 
     def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
         return torch.matmul(q, k.transpose(-1, -2)) * _default_scale(self.scale, q.shape[-1])
@@ -172,7 +176,7 @@ class ExpKernel(Kernel):
 
 
 @KERNELS.register("rbf", [_scale])
-class RBFKernel(Kernel):
+class RBFKernel(_ScaledKernel):
     """RBF kernel exp(-||a-b||^2·scale), scale = 1/sqrt(d) by default (Table 2: no factor 2).
 
     Computed as scale·(2<a,b> - ||a||^2 - ||b||^2), clamped so rounding never makes a squared distance
@@ -181,13 +185,6 @@ class RBFKernel(Kernel):
     """
 
     name = "rbf"
-
-    def __init__(self, scale: float | None = None):
-        super().__init__()
-        self.scale = scale
-
-    def hparams(self) -> dict:
-        return {"scale": self.scale}
 
     def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
         sq = q.pow(2).sum(-1, keepdim=True)  # (B, H, Tq, 1)
