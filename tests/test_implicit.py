@@ -208,3 +208,13 @@ def test_official_flags():
     assert 0 < kept.float().mean() < 1
     mag = code.log_magnitude(q, k)
     assert torch.allclose(m1[kept], (mag / 0.9)[kept], atol=1e-8)
+
+
+def test_padding_does_not_enter_the_pooled_density():
+    """KernelAttention hands the key mask to the amortised q(z|h): padding tokens change nothing."""
+    torch.manual_seed(0)
+    att = ka.KernelAttention(16, 2, kernel="ikan").eval()
+    x = torch.randn(1, 5, 16)
+    padded = torch.cat([x, 100 * torch.randn(1, 3, 16)], dim=1)
+    key_mask = torch.tensor([[True] * 5 + [False] * 3])
+    torch.testing.assert_close(att(padded, key_mask=key_mask)[:, :5], att(x), rtol=1e-5, atol=1e-5)

@@ -229,6 +229,10 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
     n_generators = 2
     copula = False
 
+    #: Padding mask (B, Tk) for the pooling of q(z|h) when the caller passes none: the smoother's
+    #: backends call ``log_kernel(q, k)``, so KernelAttention sets this for the duration of a call.
+    pool_key_mask: Tensor | None = None
+
     @property
     def pools_over_positions(self) -> bool:
         """Whether q(z|h) reads q and k pooled over every position (then a filter that hides keys
@@ -272,6 +276,8 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
     # -- spectral points -------------------------------------------------------------------------
     def prepare(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> list[Tensor]:
         """Spectral points for this call, each (B, H, R, d); records the KL for :meth:`regularization`."""
+        if key_mask is None:
+            key_mask = self.pool_key_mask
         post = self.density.posterior(q, k, key_mask, self.amortized)
         z, x = self.density.sample(post, self.R, deterministic=not self.training, rowsum=self.rowsum,
                                    clamp=self.clamp, negatives=self.negatives)
