@@ -254,3 +254,40 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
             out = flex_smoother(p, form.q, form.k, form.scale, form.key_bias)
             ref, _ = dense_smoother(q, k, v, p.kernel, p.keep, p.terms)
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
+@pytest.mark.parametrize("filt", [None, "causal"])
+@pytest.mark.parametrize("clip", [1, 3])
+def test_shaw_banded_path_matches_dense(kernel, filt, clip):
+    """Shaw's clipped table as shifted causal SDPA calls plus a band (backends/banded.py): values and
+    gradients (q, k, v, the table) equal dense and the blocked path; explain names the path."""
+    position = f"shaw:clip={clip}"
+    ref = _run("dense", kernel, position, filt, tq=29, tk=29)
+    _close(_run("fused", kernel, position, filt, tq=29, tk=29), ref)
+    _close(_run("fused:banded=false,block=1024", kernel, position, filt, tq=29, tk=29), ref)
+    q, k, v = _inputs(29, 29)
+    pos = make_position(position, d_model=H * D, n_heads=H, d_head=D).to(DT)
+    terms = pos.terms(q, k, *default_positions(29, 29, "cpu", True))
+    assert f"shaw clipped at {clip}" in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms, backend="fused"))
+    assert "shaw clipped" not in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms,
+                                             backend="fused:banded=false"))
+
+
+def test_shaw_banded_path_not_taken_where_it_does_not_apply():
+    """Padding, a short sequence (T <= 4 clip), a memory in front of the segment or a relative value table
+    leave the banded path (and the blocked path still agrees with dense)."""
+    q, k, v = _inputs(29, 29)
+    pos = make_position("shaw:clip=3", d_model=H * D, n_heads=H, d_head=D).to(DT)
+    terms = pos.terms(q, k, *default_positions(29, 29, "cpu", True))
+    km = _key_mask(29)
+    assert "shaw clipped" not in str(explain(q, k, v, kernel="exp", key_mask=km, terms=terms, backend="fused"))
+    short = pos.terms(q[..., :12, :], k[..., :12, :], *default_positions(12, 12, "cpu", True))
+    assert "shaw clipped" not in str(explain(q[..., :12, :], k[..., :12, :], v[..., :12, :], kernel="exp",
+                                             terms=short, backend="fused"))
+    mem = pos.terms(q[..., 9:, :], k, *default_positions(20, 29, "cpu", True))
+    assert "shaw clipped" not in str(explain(q[..., 9:, :], k, v, kernel="exp", terms=mem, backend="fused"))
+    _close(_run("fused", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km),
+           _run("dense", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km))
+    _close(_run("fused", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"),
+           _run("dense", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"))

@@ -34,6 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from kernel_attention.features import symmetric_square
 from kernel_attention.registry import Param, Registry
 
 __all__ = ["Kernel", "SDPAForm", "KERNELS", "make_kernel", "ExpKernel", "RBFKernel", "PolyKernel", "LinearKernel",
@@ -288,9 +289,7 @@ class PolyKernel(Kernel):
         if self.degree == 1:
             return x
         if self.degree == 2:
-            ia, ib = torch.triu_indices(d, d, device=x.device)
-            w = torch.full(ia.shape, math.sqrt(2.0), dtype=x.dtype, device=x.device).masked_fill(ia == ib, 1.0)
-            return x[..., ia] * x[..., ib] * w
+            return symmetric_square(x)
         if d ** self.degree > self.max_features:
             return None
         phi = x

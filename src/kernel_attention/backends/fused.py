@@ -11,6 +11,9 @@ Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
   (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with the key-norm term as an augmented feature or as a
   key bias; ``periodic`` as Fourier features), the positional factor is absent or an inner product
   (``product``: its features are concatenated), and the filter is full, causal or padding.
+* **banded** -- Shaw's clipped table (Eq. 6) under a full or causal filter: keys farther than the clip
+  share one bias per row, so they run as causal SDPA calls on shifted (and reversed) sequences, and
+  only the band of 2·clip - 1 diagonals is formed explicitly (:mod:`kernel_attention.backends.banded`).
 * **blocked** -- everything else (relative positions ``shaw``/``xl``, dense float biases, kernels
   with only ``log_kernel`` such as the implicit kernels, sparse filters, dropout with a value term):
   query rows are processed in blocks with b formed per block and recomputed in the backward pass
@@ -31,6 +34,7 @@ from torch import Tensor
 
 from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float_mask, block_rows,
                                             empty_rows, BLOCK_ELEMENTS)
+from kernel_attention.backends.banded import shaw_banded, shaw_clip
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.registry import Param
 
@@ -103,14 +107,16 @@ def _gather_rel(logits: Tensor, idx: Tensor) -> Tensor:
     Param("block", int, BLOCK_ELEMENTS, check=lambda x: x >= 1024, rule=">= 1024",
           doc="elements of one (B, H, rows, Tk) block on the blocked path"),
     Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
+    Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as shifted causal SDPA calls plus a band"),
 ])
 class FusedBackend(Backend):
     """Positive kernels on ``scaled_dot_product_attention`` (see the module docstring)."""
 
     name = "fused"
 
-    def __init__(self, key_bias: str = "features", block: int = BLOCK_ELEMENTS, flex: bool = True):
-        self.key_bias, self.block, self.flex = key_bias, block, flex
+    def __init__(self, key_bias: str = "features", block: int = BLOCK_ELEMENTS, flex: bool = True,
+                 banded: bool = True):
+        self.key_bias, self.block, self.flex, self.banded = key_bias, block, flex, banded
 
     def why_not(self, p: Problem) -> str | None:
         if p.need_weights:
@@ -138,6 +144,26 @@ class FusedBackend(Backend):
             return True, as_float_mask(keep[..., :1, :], p.q.dtype), False  # (B|1, H|1, 1, Tk)
         return False, None, False
 
+    def _shaw_clip(self, p: Problem) -> int | None:
+        """c when the banded path runs ``p``: Shaw's table alone on the default self-attention positions,
+        a kernel with SDPA features and no key bias, a full or causal filter, no dropout, on the CPU,
+        and a sequence long enough (T > 4c) for the far sets to carry the work."""
+        t = p.terms
+        if not self.banded or p.q.device.type != "cpu" or p.dropout_p > 0 or t is None:
+            return None
+        if (len(t.relative) != 1 or t.relative_factors or t.value or t.bias is not None
+                or t.key_bias is not None or t.q_feat is not None):
+            return None
+        if not (p.keep is None or p.causal):
+            return None
+        form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
+        if form is None or form.key_bias is not None:
+            return None
+        b, h, tq, tk = p.shape
+        logits, index = t.relative[0]
+        c = shaw_clip(index, tq, tk)
+        return c if c is not None and logits.shape[-1] == 2 * c + 1 and tq > 4 * c else None
+
     def _direct(self, p: Problem) -> bool:
         t = p.terms
         if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
@@ -154,6 +180,11 @@ class FusedBackend(Backend):
             extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
             mask = ", causal" if self._direct_mask(p)[2] else (", padding mask" if p.keep is not None else "")
             return f"fused: one SDPA call on {p.kernel.name} {how}{extra}{mask}"
+        c = self._shaw_clip(p)
+        if c is not None:
+            return (f"fused: shaw clipped at {c}: keys farther than {c} as {'one causal SDPA call' if p.causal else 'two causal SDPA calls (forward and reversed)'} "
+                    f"on shifted sequences, the band of {2 * c - 1 if not p.causal else c} diagonals formed explicitly, "
+                    f"merged by log-sum-exp")
         b, h, tq, tk = p.shape
         rows = block_rows(b, h, tq, tk, self.block)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
@@ -200,6 +231,9 @@ class FusedBackend(Backend):
 
             if flex_why_not(p) is None:  # relative biases and sparse masks: score_mod + block mask
                 return flex_smoother(p, qf, kf, scale, key_bias), None
+        c = self._shaw_clip(p)
+        if c is not None:
+            return shaw_banded(qf, kf, v, t.relative[0][0].to(qf.dtype), c, p.causal, scale), None
         if self._direct(p):
             ok, mask, is_causal = self._direct_mask(p)
             if key_bias is None:
