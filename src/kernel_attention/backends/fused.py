@@ -12,8 +12,9 @@ Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
   key bias; ``periodic`` as Fourier features), the positional factor is absent or an inner product
   (``product``: its features are concatenated), and the filter is full, causal or padding.
 * **banded** -- Shaw's clipped table (Eq. 6) under a full or causal filter: keys farther than the clip
-  share one bias per row, so they run as causal SDPA calls on shifted (and reversed) sequences, and
-  only the band of 2·clip - 1 diagonals is formed explicitly (:mod:`kernel_attention.backends.banded`).
+  share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
+  and after its window; causal: one causal call on the shifted sequences), and only the keys within
+  the clip are formed explicitly (:mod:`kernel_attention.backends.banded`).
 * **blocked** -- everything else (relative positions ``shaw``/``xl``, dense float biases, kernels
   with only ``log_kernel`` such as the implicit kernels, sparse filters, dropout with a value term):
   query rows are processed in blocks with b formed per block and recomputed in the backward pass
@@ -26,8 +27,6 @@ it is faster; the SDPA paths stay the fallback and the only path on CPU.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -36,6 +35,7 @@ from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float
                                             empty_rows, BLOCK_ELEMENTS)
 from kernel_attention.backends.banded import shaw_banded, shaw_clip
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
+from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
 from kernel_attention.registry import Param
 
 __all__ = ["FusedBackend"]
@@ -83,31 +83,13 @@ class _KeyBiasSDPA(torch.autograd.Function):
         return dqa[..., :dq_size], dka[..., :dq_size], dva[..., :dv], dkb, None, None, None
 
 
-def _rel_logits(q_side: Tensor, table: Tensor) -> Tensor:
-    """q_side (B|1, H, c, d) · table (H, S, d)^T -> (B|1, H, c, S), without the copy of the table per batch
-    element that broadcasting matmul makes: the batch goes into the rows of one (H, B·c, d) product."""
-    if table.dim() != 3 or q_side.shape[0] == 1:
-        return torch.matmul(q_side, table.transpose(-1, -2))
-    b, h, c, d = q_side.shape
-    out = torch.matmul(q_side.transpose(0, 1).reshape(h, b * c, d), table.transpose(-1, -2))
-    return out.view(h, b, c, -1).transpose(0, 1)
-
-
-def _gather_rel(logits: Tensor, idx: Tensor) -> Tensor:
-    """logits (B|1, H, R', c) rows, idx (B|1, c, n) -> logits[..., i, idx[i, j]] (B|1, H, c, n)."""
-    idx = idx.unsqueeze(1)
-    b = max(logits.shape[0], idx.shape[0])
-    idx = idx.expand(b, logits.shape[1], idx.shape[2], idx.shape[3])
-    return torch.gather(logits.expand(b, *logits.shape[1:]), -1, idx)
-
-
 @BACKENDS.register("fused", [
     Param("key_bias", str, "features", choices=("features", "mask"),
           doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as an SDPA bias"),
     Param("block", int, BLOCK_ELEMENTS, check=lambda x: x >= 1024, rule=">= 1024",
           doc="elements of one (B, H, rows, Tk) block on the blocked path"),
     Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
-    Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as shifted causal SDPA calls plus a band"),
+    Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
 ])
 class FusedBackend(Backend):
     """Positive kernels on ``scaled_dot_product_attention`` (see the module docstring)."""
@@ -182,9 +164,10 @@ class FusedBackend(Backend):
             return f"fused: one SDPA call on {p.kernel.name} {how}{extra}{mask}"
         c = self._shaw_clip(p)
         if c is not None:
-            return (f"fused: shaw clipped at {c}: keys farther than {c} as {'one causal SDPA call' if p.causal else 'two causal SDPA calls (forward and reversed)'} "
-                    f"on shifted sequences, the band of {2 * c - 1 if not p.causal else c} diagonals formed explicitly, "
-                    f"merged by log-sum-exp")
+            far = ("one causal SDPA call on the shifted sequences" if p.causal else
+                   "two SDPA calls per block of rows (the keys before and after its window)")
+            return (f"fused: shaw clipped at {c}: keys farther than {c} (one bias per row) as {far}, the keys "
+                    f"within {c - 1} formed explicitly, merged by log-sum-exp")
         b, h, tq, tk = p.shape
         rows = block_rows(b, h, tq, tk, self.block)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
@@ -283,14 +266,17 @@ class FusedBackend(Backend):
                 pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
             for logits, index in t.relative:
                 i = slot(logits, "rows")
-                pieces.append(lambda r, c, ex, i=i, index=index: _gather_rel(ex[i][..., r, :], index[..., r, c]))
+                pieces.append(lambda r, c, ex, i=i, index=index: gather_rel(ex[i][..., r, :], index[..., r, c]))
             for q_side, table, index in t.relative_factors:
                 iq_, it_ = slot(q_side, "rows"), slot(table)
+                base = toeplitz_base(index)
 
-                def rel(r, c, ex, iq_=iq_, it_=it_, index=index):
+                def rel(r, c, ex, iq_=iq_, it_=it_, index=index, base=base):
+                    if base is not None:  # default positions: a strided view, no index
+                        return skew_rel(ex[iq_][..., r, :], ex[it_], base, r, c)
                     idx = index[..., r, c]
                     lo, hi = int(idx.min()), int(idx.max()) + 1  # only the distances this block meets
-                    return _gather_rel(_rel_logits(ex[iq_][..., r, :], ex[it_][..., lo:hi, :]), idx - lo)
+                    return gather_rel(rel_logits(ex[iq_][..., r, :], ex[it_][..., lo:hi, :]), idx - lo)
                 pieces.append(rel)
             if t.bias is not None:
                 i = slot(t.bias)
