@@ -173,8 +173,8 @@ def test_auto_picks_the_expected_backend():
     assert _choice("exp", need_weights=True).name == "dense"
     assert _choice("poly", "causal").name == "dense"  # below the crossover
     assert _choice("linear", "causal", t=300, d=4).name == "linear"
-    assert _choice("poly", "causal", t=500, d=16).name == "dense"  # F = 136: crossover at 544 keys
-    assert _choice("poly", "causal", t=600, d=16).name == "linear"
+    assert _choice("poly", "causal", t=300, d=24).name == "dense"  # F = 300: crossover at 450 keys
+    assert _choice("poly", "causal", t=460, d=24).name == "linear"
     c = _choice("poly", "local:window=2", t=300, d=4)
     assert c.name == "dense"
     assert "neither full, causal nor padding" in c.reasons["linear"]

@@ -44,12 +44,11 @@ class Choice:
 
 def linear_crossover(features: int, d_head: int) -> int:
     """Keys from which ``auto`` prefers ``linear`` to ``dense``.  The linear form costs ~T·F·Dv per
-    pass against T^2·D for dense, so they break even near T ~ F; measured on CPU (docs/benchmarks.md)
-    dense direct kernels are slow (linear kernel, F = D = 64: linear already 3x faster at 256 keys)
-    while large feature maps carry several times the cost of their flops (poly degree 2,
-    F = D(D+1)/2 = 2080: 6x slower than dense at 1024 keys, crossover extrapolated near 6-8k).
-    Hence the switch at 4·F keys, never below 256."""
-    return max(256, 4 * features)
+    pass against T^2·D for dense, so they break even near T ~ F.  Measured on CPU (docs/benchmarks.md,
+    forward+backward, B=4, H=8, D=64): the linear kernel (F = D = 64) is already 3x faster than dense at
+    256 keys; poly of degree 2 (F = D(D+1)/2 = 2080) is 0.68x / 0.76x dense's speed at 2048 keys (full /
+    causal) and 2.45x / 2.25x at 4096, a crossover near 3k = 1.5·F.  Hence 1.5·F keys, never below 256."""
+    return max(256, 3 * features // 2)
 
 
 def resolve_backend(spec) -> Backend:
