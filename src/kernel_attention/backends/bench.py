@@ -307,7 +307,8 @@ def load(paths) -> list[Result]:
     return out
 
 
-def machine() -> str:
+def machine(threads: int | None = None) -> str:
+    """The machine in one line; ``threads``: the torch threads each cell ran with."""
     import torch
 
     cpu = platform.processor() or "?"
@@ -321,7 +322,7 @@ def machine() -> str:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return (f"{platform.system()} {platform.machine()}, CPU {cpu}, {os.cpu_count()} cores, torch "
-            f"{torch.__version__}, {torch.get_num_threads()} threads, GPU: {gpu}")
+            f"{torch.__version__}, {threads or torch.get_num_threads()} torch thread(s) per cell, GPU: {gpu}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -375,7 +376,7 @@ def run(args) -> int:
     if args.out:
         cmd = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
         with open(args.out, "w") as f:
-            f.write(f"Command: `{cmd}`\n\nMachine: {machine()}\n\nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f.write(f"Command: `{cmd}`\n\nMachine: {machine(threads)}\n\nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                     f"wall time {time.time() - started:.0f} s, dtype {dtype}, B={args.B}, H={args.H}, D={args.D}\n\n")
             f.write(text + "\n")
         with open(args.out + ".json", "w") as f:
