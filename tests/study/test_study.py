@@ -94,3 +94,24 @@ def test_probe_adds_similarity_and_magnitude(tmp_path):
     mags = [k for r in valid for k in r if k.endswith(".mean_log_magnitude")]
     assert len(sims) == 3 * len(valid) and len(mags) == len(sims)  # encoder self, decoder self, cross
     assert all(0.0 < s <= 1.0 + 1e-6 for s in sims)
+
+
+def test_training_curves_leave_out_columns_without_logged_runs(tmp_path):
+    """A column whose cells have no metrics.jsonl (results carried over without their run folder) gets
+    no panel; a table with no curve at all gets no figure."""
+    import matplotlib.image
+
+    from kernel_attention.study.core import Cell
+    from kernel_attention.study.figures import training_curves
+
+    table = TableSpec("t", "T", "accuracy", True, [("a", "A")], [("x", "X"), ("y", "Y")], {})
+    cells = [Cell("s", "t", "a", col, 1, {}) for col in ("x", "y")]
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"split": "train", "step": s, "loss": 1.0 / s}) for s in range(1, 6)))
+    dir_of = lambda c: tmp_path / c.col  # noqa: E731
+    one = training_curves(tmp_path / "fig", table, cells, dir_of, [])
+    h, w = matplotlib.image.imread(one).shape[:2]
+    assert w < 1.5 * h  # one panel (4.2 x 3.2 in), not two side by side
+    (tmp_path / "x" / "metrics.jsonl").unlink()
+    assert training_curves(tmp_path / "fig2", table, cells, dir_of, []) is None

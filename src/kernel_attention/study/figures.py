@@ -45,18 +45,21 @@ def _save(fig, path: Path) -> str:
 
 
 def training_curves(fig_dir: Path, table, cells, dir_of: Callable, results: list[dict]) -> str | None:
-    """One PNG per table: train loss vs step; colour = row, one line per seed; 'x' marks a divergence."""
+    """One PNG per table: train loss vs step; colour = row, one line per seed; 'x' marks a divergence.
+    A column none of whose cells logged training (e.g. results carried over without their run folder)
+    gets no panel; None when no column has a curve."""
     cells = [c for c in cells if c.table == table.name]
-    if not cells:
-        return None
+    curves = {c.id: [r for r in metrics_of(dir_of(c)) if r.get("split") == "train" and "loss" in r] for c in cells}
     status = {r["cell"]: r.get("status") for r in results}
-    cols = [c for c, _ in table.cols if any(x.col == c for x in cells)]
+    cols = [c for c, _ in table.cols if any(x.col == c and curves[x.id] for x in cells)]
+    if not cols:
+        return None
     fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.2), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, col in zip(axes[0], cols):
         for i, (rid, rlab) in enumerate(table.rows):
             for c in [x for x in cells if x.col == col and x.row == rid]:
-                m = [r for r in metrics_of(dir_of(c)) if r.get("split") == "train" and "loss" in r]
+                m = curves[c.id]
                 if not m:
                     continue
                 steps = [r["step"] for r in m]
