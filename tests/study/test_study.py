@@ -71,6 +71,18 @@ def test_every_paper_study_is_registered_and_builds():
         get_study("nope")
 
 
+def test_classification_runs_differ_on_every_dataset():
+    """Cross-validated datasets vary the fold; TREC and SST, which have one given split, vary the seed
+    (otherwise their runs would be copies of one another and report a std of 0)."""
+    cells, _ = get_study("ika-classification").build(StudyOptions(scale="small", seeds=3))
+    for ds in ("mr", "cr", "subj", "trec", "sst2"):
+        runs = [c.config for c in cells if c.col == ds and c.row == "ikan"]
+        assert len(runs) == 3
+        key = "seed" if ds in ("trec", "sst2") else "fold"
+        values = [r["seed"] if key == "seed" else r["task"]["fold"] for r in runs]
+        assert len(set(values)) == 3, (ds, values)
+
+
 def test_small_dissection_cells_are_shrunk():
     cells, shrink = get_study("dissection-kernels").build(StudyOptions(scale="small", seeds=2))
     sp = [c for c in cells if c.tags["kind"] == "sp"]

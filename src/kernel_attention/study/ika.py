@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from kernel_attention.data.classification import CLASSIFICATION
 from kernel_attention.study.core import Cell, Study, StudyOptions, TableSpec, register_study
 from kernel_attention.study.dissection import SHRINK_NMT, _describe, _merge, load_paper_config, shrink_nmt
 from kernel_attention.study.figures import (attention_heatmaps, metrics_of, p_histograms, similarity_magnitude,
@@ -131,12 +132,16 @@ def _build_cls(opts: StudyOptions):
             if small:
                 base = _merge(base, SMALL_CLS)
             base["data"] = {"dataset": opts.dataset(ds)}
+            given_test = "test" in CLASSIFICATION[ds][0]  # TREC, SST: one split, so runs differ by seed
             for f in range(folds):
                 cfg = copy.deepcopy(base)
                 cfg["task"]["fold"] = f
+                if given_test:
+                    cfg["seed"] = int(base.get("seed", 1)) + f
                 probe = f == 0 and rid in ("transformer", "ikan", "mikan")
                 cells.append(Cell("ika-classification", "t2", rid, ds, f, cfg, {"probe": probe}))
-    shrink = [f"folds: the first {folds} of the 10 cross-validation folds"] if folds < 10 else []
+    shrink = [f"folds: the first {folds} of the 10 cross-validation folds (TREC, SST: {folds} seeds on the given split)"
+              ] if folds < 10 else []
     if small:
         shrink += _describe(SMALL_CLS, "classification")
     return cells, shrink
