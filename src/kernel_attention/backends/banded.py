@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernel_attention.backends.base import pad_last
+
 __all__ = ["shaw_clip", "shaw_banded"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -54,10 +56,6 @@ def shaw_clip(index: Tensor, tq: int, tk: int) -> int | None:
     ar = torch.arange(tq, device=index.device)
     expected = (ar[:, None] - ar[None, :]).clamp_(-c, c).add_(c)
     return c if bool((index == expected).all()) else None
-
-
-def _pad_last(x: Tensor, d: int) -> Tensor:
-    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
 
 
 def _blocks(t: int, c: int, causal: bool):
@@ -89,10 +87,11 @@ class _ShawBanded(torch.autograd.Function):
     def forward(ctx, c: int, causal: bool, scale: float, qf, kf, v, L):
         b, h, t, dv = v.shape
         d = max(qf.shape[-1], dv)  # the CPU flash kernel wants one head size for q, k and v
-        qp, kp, vp = _pad_last(qf, d), _pad_last(kf, d), _pad_last(v, d)
+        qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
         out, lse = v.new_empty(b, h, t, dv), v.new_empty(b, h, t)
         # Each far range's own output and log-normaliser (without beta), kept for the backward pass.
-        far = {side: (v.new_zeros(b, h, t, dv), v.new_full((b, h, t), float("-inf"))) for side in ("past", "future")}
+        sides = ("past",) if causal else ("past", "future")
+        far = {side: (v.new_zeros(b, h, t, dv), v.new_full((b, h, t), float("-inf"))) for side in sides}
         shifted = causal and t > c
         if shifted:  # j <= i - c for every row i >= c
             o, l = _flash(qp[..., c:, :], kp[..., :t - c, :], vp[..., :t - c, :], 0.0, True, scale=scale)
@@ -115,7 +114,7 @@ class _ShawBanded(torch.autograd.Function):
             out[..., rows, :] = sum(w[i].unsqueeze(-1) * o_r for i, (o_r, _) in enumerate(parts))
             lse[..., rows] = lse_r
         ctx.c, ctx.causal, ctx.scale, ctx.shifted = c, causal, scale, shifted
-        ctx.save_for_backward(qf, kf, v, L, out, lse, *far["past"], *far["future"])
+        ctx.save_for_backward(qf, kf, v, L, out, lse, *far["past"], *far.get("future", (None, None)))
         return out
 
     @staticmethod
@@ -124,7 +123,7 @@ class _ShawBanded(torch.autograd.Function):
         qf, kf, v, L, out, lse, o_past, l_past, o_future, l_future = ctx.saved_tensors
         b, h, t, dv = v.shape
         d = max(qf.shape[-1], dv)
-        qp, kp, vp = _pad_last(qf, d), _pad_last(kf, d), _pad_last(v, d)
+        qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
         g = g.contiguous()
         delta = (g * out).sum(-1)  # rowsum(dO * out): the D of the flash backward
         dq, dk, dvv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(v)
@@ -133,9 +132,9 @@ class _ShawBanded(torch.autograd.Function):
             l_r = l_past[..., c:]
             w = torch.exp(l_r + L[..., c:, 2 * c] - lse[..., c:])
             dL[..., c:, 2 * c] = w * ((g[..., c:, :] * o_past[..., c:, :]).sum(-1) - delta[..., c:])
-            gq, gk, gv = _flash_backward(_pad_last(w.unsqueeze(-1) * g[..., c:, :], d), qp[..., c:, :],
+            gq, gk, gv = _flash_backward(pad_last(w.unsqueeze(-1) * g[..., c:, :], d), qp[..., c:, :],
                                          kp[..., :t - c, :], vp[..., :t - c, :],
-                                         _pad_last(out[..., c:, :], d).contiguous(), l_r.contiguous(), 0.0, True,
+                                         pad_last(out[..., c:, :], d).contiguous(), l_r.contiguous(), 0.0, True,
                                          scale=scale)
             dq[..., c:, :] += gq[..., :qf.shape[-1]]
             dk[..., :t - c, :] += gk[..., :kf.shape[-1]]
@@ -148,8 +147,8 @@ class _ShawBanded(torch.autograd.Function):
                 l_r = l_far[..., rows]
                 w = torch.exp(l_r + L[..., rows, col] - lse_r)
                 dL[..., rows, col] = w * ((g_r * o_far[..., rows, :]).sum(-1) - delta_r)
-                gq, gk, gv = _flash_backward(_pad_last(w.unsqueeze(-1) * g_r, d), qp[..., rows, :], kp[..., keys, :],
-                                             vp[..., keys, :], _pad_last(out[..., rows, :], d).contiguous(),
+                gq, gk, gv = _flash_backward(pad_last(w.unsqueeze(-1) * g_r, d), qp[..., rows, :], kp[..., keys, :],
+                                             vp[..., keys, :], pad_last(out[..., rows, :], d).contiguous(),
                                              l_r.contiguous(), 0.0, False, scale=scale)
                 dq[..., rows, :] += gq[..., :qf.shape[-1]]
                 dk[..., keys, :] += gk[..., :kf.shape[-1]]

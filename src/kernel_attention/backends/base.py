@@ -105,6 +105,11 @@ def empty_rows(keep: Tensor | None) -> Tensor | None:
     return empty if bool(empty.any()) else None
 
 
+def pad_last(x: Tensor, d: int) -> Tensor:
+    """x zero-padded to size d in its last dimension (the CPU flash kernel wants one head size for q, k, v)."""
+    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
+
+
 def as_float_mask(keep: Tensor, dtype) -> Tensor:
     """0 where the key takes part, -inf elsewhere."""
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))

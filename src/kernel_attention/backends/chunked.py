@@ -27,6 +27,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from kernel_attention.backends.base import pad_last
+
 __all__ = ["ChunkSpec", "plan_blocks", "chunked_smoother"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -125,10 +127,6 @@ def _sum_to(x: Tensor, shape) -> Tensor:
     return x.sum(dims, keepdim=True) if dims else x
 
 
-def _pad_last(x: Tensor, d: int) -> Tensor:
-    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
-
-
 class _Sliced:
     """Stands for an extra inside one block: indexing it with the block's slice returns the block's
     own leaf (whose gradient is the slice's gradient)."""
@@ -157,7 +155,7 @@ class _Chunked(torch.autograd.Function):
         flash = not spec.explicit and qf is not None and v.device.type == "cpu"
         if flash:
             d = max(qf.shape[-1], dv)  # the flash kernel wants one head size for q, k and v
-            qp, kp, vp = _pad_last(qf, d), _pad_last(kf, d), _pad_last(v, d)
+            qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
         for i, (r0, r1, lo, hi) in enumerate(spec.blocks):
             if hi <= lo:
                 continue

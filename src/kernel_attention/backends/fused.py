@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float_mask, block_rows,
-                                            empty_rows, BLOCK_ELEMENTS)
+                                            empty_rows, pad_last, BLOCK_ELEMENTS)
 from kernel_attention.backends.banded import shaw_banded, shaw_clip
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
@@ -42,10 +41,6 @@ __all__ = ["FusedBackend"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def _pad_last(x: Tensor, d: int) -> Tensor:
-    return x if x.shape[-1] == d else F.pad(x, (0, d - x.shape[-1]))
 
 
 class _KeyBiasSDPA(torch.autograd.Function):
@@ -60,7 +55,7 @@ class _KeyBiasSDPA(torch.autograd.Function):
         dv = v.shape[-1]
         d = max(q.shape[-1], dv)
         am = kb if mask is None else kb + mask
-        out, lse = _flash(_pad_last(q, d), _pad_last(k, d), _pad_last(v, d), 0.0, is_causal,
+        out, lse = _flash(pad_last(q, d), pad_last(k, d), pad_last(v, d), 0.0, is_causal,
                           attn_mask=am, scale=scale)
         out = out[..., :dv]
         ctx.is_causal, ctx.scale = is_causal, scale
@@ -76,8 +71,8 @@ class _KeyBiasSDPA(torch.autograd.Function):
         kba = kb.expand(b, h, 1, tk).transpose(-1, -2) / scale
         ka = torch.cat([k, kba], -1)
         d = max(dq_size + 1, dv)
-        dqa, dka, dva = _flash_backward(_pad_last(gout.contiguous(), d), _pad_last(qa, d), _pad_last(ka, d),
-                                        _pad_last(v, d), _pad_last(out, d), lse, 0.0, ctx.is_causal,
+        dqa, dka, dva = _flash_backward(pad_last(gout.contiguous(), d), pad_last(qa, d), pad_last(ka, d),
+                                        pad_last(v, d), pad_last(out, d), lse, 0.0, ctx.is_causal,
                                         attn_mask=mask, scale=scale)
         dkb = (dka[..., dq_size] / scale).unsqueeze(-2)  # (B, H, 1, Tk)
         return dqa[..., :dq_size], dka[..., :dq_size], dva[..., :dv], dkb, None, None, None
@@ -221,7 +216,7 @@ class FusedBackend(Backend):
             ok, mask, is_causal = self._direct_mask(p)
             if key_bias is None:
                 d = max(qf.shape[-1], v.shape[-1])
-                out = F.scaled_dot_product_attention(_pad_last(qf, d), _pad_last(kf, d), _pad_last(v, d),
+                out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d),
                                                      attn_mask=mask, dropout_p=p.dropout_p,
                                                      is_causal=is_causal, scale=scale)
                 return out[..., :v.shape[-1]], None
