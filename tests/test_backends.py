@@ -237,21 +237,24 @@ def test_fused_implicit_kernels_share_their_spectral_state(kernel):
 
 def test_flex_score_mod_forward_matches_dense_on_cpu():
     # FlexAttention has no backward on CPU, so the backend never picks it there; its score_mod and
-    # block mask are still checked here, forward only, in eager mode.
+    # block mask are still checked here, forward only, in eager mode, on the features the backend
+    # passes it (positional features concatenated): Shaw's clipped index computed in the kernel
+    # (self-attention), gathered from the index (a memory in front of the segment), product, key bias.
     from kernel_attention.backends.flex import flex_smoother, flex_why_not
+    from kernel_attention.backends.fused import sdpa_features
     from kernel_attention.functional import build_problem
     from kernel_attention.smoother import dense_smoother
 
-    t = 32
-    q, k, v = (x.detach().float() for x in _inputs(t, t))
-    for kernel, position, filt in (("rbf", "shaw", "causal"), ("periodic", "product", "local:window=5")):
+    for kernel, position, filt, tq, tk in (("rbf", "shaw", "causal", 32, 32), ("exp", "shaw:clip=3", None, 32, 32),
+                                           ("exp", "shaw", "memory", 16, 32),
+                                           ("periodic", "product", "local:window=5", 32, 32)):
+        q, k, v = (x.detach().float() for x in _inputs(tq, tk))
         pos = make_position(position, d_model=H * D, n_heads=H, d_head=D)
-        pq, pk = default_positions(t, t, "cpu", True)
+        pq, pk = default_positions(tq, tk, "cpu", True)
         with torch.no_grad():
             p = build_problem(q, k, v, kernel, filt, terms=pos.terms(q, k, pq, pk))
             assert flex_why_not(p) is not None and flex_why_not(p, allow_cpu=True) is None
-            form = p.kernel.sdpa_form(q, k, key_bias="mask")
-            out = flex_smoother(p, form.q, form.k, form.scale, form.key_bias)
+            out = flex_smoother(p, *sdpa_features(p, key_bias="mask"))
             ref, _ = dense_smoother(q, k, v, p.kernel, p.keep, p.terms)
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
@@ -291,3 +294,23 @@ def test_shaw_banded_path_not_taken_where_it_does_not_apply():
            _run("dense", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km))
     _close(_run("fused", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"),
            _run("dense", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"))
+
+
+def test_flex_block_masks_are_kept_for_spec_filters_only():
+    """A BlockMask is built once per (filter spec, Tq, Tk, device); masks that depend on the batch's
+    padding or on a user's tensor are built per call."""
+    from kernel_attention.backends.flex import _BLOCK_MASKS, _block_mask, _by_spec
+    from kernel_attention.filters import make_filter
+    from kernel_attention.functional import build_problem
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v = (x.detach().float() for x in _inputs(32, 32))
+    _BLOCK_MASKS.clear()
+    first = _block_mask(build_problem(q, k, v, "exp", "local:window=5"), create_block_mask)
+    assert _block_mask(build_problem(q, k, v, "exp", "local:window=5"), create_block_mask) is first
+    assert _block_mask(build_problem(q, k, v, "exp", "local:window=6"), create_block_mask) is not first
+    assert len(_BLOCK_MASKS) == 2
+    _block_mask(build_problem(q, k, v, "exp", "causal", key_mask=_key_mask(32)), create_block_mask)
+    _block_mask(build_problem(q, k, v, "exp", torch.ones(32, 32, dtype=torch.bool).tril()), create_block_mask)
+    assert len(_BLOCK_MASKS) == 2
+    assert _by_spec(make_filter("causal&local:window=3")) and not _by_spec(make_filter("padding"))

@@ -55,11 +55,14 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if finite:
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            # One reduction instead of an elementwise mask: a NaN or inf makes the sum non-finite (a
-            # finite sum that overflows is re-checked elementwise).
-            if not torch.isfinite(x.detach().sum()) and not torch.isfinite(x).all():
-                raise ValueError(f"{name} contains NaN or inf values")
+        # One reduction per input and one read of the three results (a single device sync on GPU): a
+        # NaN or inf makes a sum non-finite; a non-finite sum is re-checked elementwise to name the
+        # input (a finite sum that overflows is not an error).
+        sums = torch.stack([x.detach().sum(dtype=torch.float32) for x in (q, k, v)])
+        if not bool(torch.isfinite(sums).all()):
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                if not torch.isfinite(x).all():
+                    raise ValueError(f"{name} contains NaN or inf values")
 
 
 def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,

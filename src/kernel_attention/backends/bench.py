@@ -5,9 +5,10 @@ the exponential kernel on the same shapes, in one run.
     python benchmarks/attention.py --T 256 1024 4096 --out docs/benchmarks.md
     kernel-attention bench --T 1024 --kernels exp rbf --positions none shaw --filters full causal
 
-Each cell runs in a fresh subprocess (``python -m kernel_attention.backends.bench --cell JSON``) so that
-its peak memory is the growth of the process's maximum resident set (``ru_maxrss``) during one
-forward+backward pass, measured before the timed repeats.  Times are the minimum over ``--repeats``
+On CPU each cell runs in a fresh subprocess (``python -m kernel_attention.backends.bench --cell JSON``)
+so that its peak memory is the growth of the process's maximum resident set (``ru_maxrss``) during one
+forward+backward pass, measured before the timed repeats.  On CUDA the cells share one process: the
+peak is the allocator's ``max_memory_allocated`` above the inputs, reset per cell.  Times are the minimum over ``--repeats``
 runs after one warm-up.  Ratios are to SDPA with the exponential kernel timed *in the same process,
 interleaved with the cell* (so that a change of load on a shared machine hits both alike): plain SDPA
 for the full filter, ``is_causal`` SDPA for causal filters, SDPA with the bool mask for other filters.
@@ -26,6 +27,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from kernel_attention.backends.bench_report import Result, summary, table
 
 __all__ = ["main", "add_arguments", "run", "DEFAULT_VARIANTS"]
 
@@ -66,7 +69,7 @@ def run_cell(cell: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from kernel_attention.functional import attention
+    from kernel_attention.functional import attention, validation
     from kernel_attention.kernels import make_kernel
     from kernel_attention.positions import default_positions, make_position
 
@@ -98,7 +101,8 @@ def run_cell(cell: dict) -> dict:
         params = list(pos.parameters()) + list(kern.parameters())
 
         def fn():
-            return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=backend)
+            with validation(cell.get("checks", True)):
+                return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=backend)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
@@ -151,25 +155,6 @@ def run_cell(cell: dict) -> dict:
 
 # ---- the parent: grid, subprocesses, table ----------------------------------------------------------
 
-@dataclasses.dataclass
-class Result:
-    T: int
-    kernel: str
-    position: str
-    filter: str
-    backend: str
-    fwd_ms: float | None = None
-    fb_ms: float | None = None
-    peak_mb: float | None = None
-    status: str = "ok"
-    sdpa_fwd_ms: float | None = None
-    sdpa_fb_ms: float | None = None
-
-    @property
-    def variant(self) -> str:
-        return f"{self.kernel} / {self.position} / {self.filter}"
-
-
 def _mem_available_mb() -> float:
     try:
         with open("/proc/meminfo") as f:
@@ -188,9 +173,34 @@ def _dense_estimate_mb(cell: dict) -> float:
     return per * (9 if cell["kernel"].startswith("ik") else 5)
 
 
+def _run_in_process(cell: dict, r: Result) -> Result:
+    """A CUDA cell: its peak memory is the allocator's own counter (reset per cell), so it needs no
+    process of its own, and one process keeps the kernels FlexAttention compiled for earlier cells."""
+    import gc
+
+    import torch
+
+    try:
+        out = run_cell(cell)
+    except torch.cuda.OutOfMemoryError:
+        r.status = "out of GPU memory"
+        return r
+    except Exception as e:  # a failing cell is reported in the table; the other cells still run
+        r.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+        return r
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+    r.fwd_ms, r.fb_ms, r.peak_mb = out["fwd_ms"], out["fb_ms"], out["peak_mb"]
+    r.sdpa_fwd_ms, r.sdpa_fb_ms = out.get("sdpa_fwd_ms"), out.get("sdpa_fb_ms")
+    return r
+
+
 def _run_child(cell: dict, timeout: float) -> Result:
     r = Result(cell["T"], cell["kernel"], cell["position"], cell["filter"], cell["backend"])
-    if cell["backend"] == "dense" and cell["device"] == "cpu" and _dense_estimate_mb(cell) > 0.8 * _mem_available_mb():
+    if cell["device"] == "cuda":
+        return _run_in_process(cell, r)
+    if cell["backend"] == "dense" and _dense_estimate_mb(cell) > 0.8 * _mem_available_mb():
         r.status = "skipped (memory)"
         return r
     cmd = [sys.executable, "-m", "kernel_attention.backends.bench", "--cell", json.dumps(cell)]
@@ -207,104 +217,6 @@ def _run_child(cell: dict, timeout: float) -> Result:
     r.fwd_ms, r.fb_ms, r.peak_mb = out["fwd_ms"], out["fb_ms"], out["peak_mb"]
     r.sdpa_fwd_ms, r.sdpa_fb_ms = out.get("sdpa_fwd_ms"), out.get("sdpa_fb_ms")
     return r
-
-
-def _baseline_key(filt: str) -> str:
-    return {"full": "full", "causal": "causal"}.get(filt, filt)
-
-
-def _fmt(x, spec=".0f"):
-    return "-" if x is None else format(x, spec)
-
-
-def table(results: list[Result]) -> str:
-    """Markdown table: times, peak memory and ratios to SDPA (same filter) and to dense."""
-    base = {(r.T, r.filter): r for r in results if r.backend == "sdpa"}
-    dense = {(r.T, r.variant): r for r in results if r.backend == "dense"}
-    lines = ["| T | kernel / position / filter | backend | fwd ms | fwd+bwd ms | peak MB | fwd / SDPA | "
-             "fwd+bwd / SDPA | fwd+bwd: dense / this | peak: this / dense |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        if r.status != "ok":
-            lines.append(f"| {r.T} | {r.variant if r.backend != 'sdpa' else 'SDPA exp / ' + r.filter} | "
-                         f"{r.backend} | {r.status} | | | | | | |")
-            continue
-        s = base.get((r.T, r.filter))
-        if r.sdpa_fb_ms:  # measured alongside, in the same process
-            ratio, fratio = r.fb_ms / r.sdpa_fb_ms, r.fwd_ms / r.sdpa_fwd_ms
-        elif s is not None and s.status == "ok":
-            ratio, fratio = r.fb_ms / s.fb_ms, r.fwd_ms / s.fwd_ms
-        else:
-            ratio = fratio = None
-        dn = dense.get((r.T, r.variant))
-        ok = dn is not None and dn.status == "ok" and r.backend != "dense"
-        speed = dn.fb_ms / r.fb_ms if ok else None
-        mem = (max(r.peak_mb, 0.0) / max(dn.peak_mb, 1e-9)) if ok else None
-        name = r.variant if r.backend != "sdpa" else f"SDPA exp / {r.filter}"
-        lines.append(f"| {r.T} | {name} | {r.backend} | {_fmt(r.fwd_ms)} | {_fmt(r.fb_ms)} | {_fmt(r.peak_mb)} | "
-                     f"{_fmt(fratio, '.2f')} | {_fmt(ratio, '.2f')} | {_fmt(speed, '.1f')} | {_fmt(mem, '.3f')} |")
-    return "\n".join(lines)
-
-
-def _fast(r: Result) -> bool:
-    return r.backend not in ("dense", "sdpa")
-
-
-def summary(results: list[Result]) -> str:
-    """The targets of docs/benchmarks.md, checked against the results (markdown)."""
-    ok = [r for r in results if r.status == "ok"]
-    dense = {(r.T, r.variant): r for r in ok if r.backend == "dense"}
-    lines = ["| target | variant | backend | T | measured | met |", "|---|---|---|---|---|---|"]
-
-    def row(target, r, value, good, fmt=".2f"):
-        lines.append(f"| {target} | {r.variant} | {r.backend} | {r.T} | {format(value, fmt)} | "
-                     f"{'yes' if good else '**no**'} |")
-
-    for r in ok:
-        if not _fast(r) or r.T < 1024 or not r.sdpa_fb_ms:
-            continue
-        ratio = r.fb_ms / r.sdpa_fb_ms
-        if r.position == "none" and r.kernel in ("exp", "rbf") or r.position == "product":
-            row("fwd+bwd / SDPA <= 1.3", r, ratio, ratio <= 1.3)
-        elif r.position in ("shaw", "xl"):
-            row("fwd+bwd / SDPA <= 1.8", r, ratio, ratio <= 1.8)
-        if r.backend == "linear" and r.filter == "causal" and r.T >= 4096:
-            row("causal linear: fwd+bwd / SDPA-causal <= 2", r, ratio, ratio <= 2.0)
-    for r in ok:
-        d = dense.get((r.T, r.variant))
-        if not _fast(r) or r.T < 4096 or d is None or r.backend == "linear":
-            continue
-        row("dense / this >= 2 (fwd+bwd time)", r, d.fb_ms / r.fb_ms, d.fb_ms / r.fb_ms >= 2.0, ".1f")
-        frac = max(r.peak_mb, 0.0) / max(d.peak_mb, 1e-9)
-        row("peak this / dense <= 0.25", r, frac, frac <= 0.25, ".3f")
-    for r in ok:
-        if _fast(r) and r.T >= 4096 and (r.T, r.variant) not in dense:
-            st = next((x.status for x in results if x.backend == "dense" and x.T == r.T and x.variant == r.variant), "not run")
-            lines.append(f"| dense comparison | {r.variant} | {r.backend} | {r.T} | dense {st} | - |")
-    # crossover of the linear backend with dense
-    for variant in dict.fromkeys(r.variant for r in ok if r.backend == "linear"):
-        ts = sorted({r.T for r in ok if r.variant == variant})
-        wins = []
-        for t in ts:
-            lin = next((r for r in ok if r.variant == variant and r.T == t and r.backend == "linear"), None)
-            d = dense.get((t, variant))
-            if lin is not None and d is not None:
-                wins.append((t, lin.fb_ms < d.fb_ms, d.fb_ms / lin.fb_ms))
-        if wins:
-            first = next((t for t, w, _ in wins if w and all(w2 for t2, w2, _ in wins if t2 >= t)), None)
-            detail = ", ".join(f"T={t}: dense/linear {x:.2f}" for t, _, x in wins)
-            lines.append(f"| linear beats dense from a crossover | {variant} | linear | - | "
-                         f"{'from T=' + str(first) if first else 'not in the measured range'} ({detail}) | "
-                         f"{'yes' if first else '**no**'} |")
-    return "\n".join(lines)
-
-
-def load(paths) -> list[Result]:
-    out = []
-    for path in paths:
-        with open(path) as f:
-            out += [Result(**r) for r in json.load(f)]
-    return out
 
 
 def machine(threads: int | None = None) -> str:
@@ -341,6 +253,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
+    p.add_argument("--no-checks", action="store_true",
+                   help="time without the input checks (their NaN test costs one device sync per call on GPU)")
     p.add_argument("--out", help="also write the table (markdown, with the command and machine) here")
     return p
 
@@ -357,11 +271,13 @@ def run(args) -> int:
     started = time.time()
     for t in args.T:
         common = dict(T=t, B=args.B, H=args.H, D=args.D, threads=threads, device=args.device, dtype=dtype,
+                      checks=not args.no_checks,
                       repeats=args.repeats if t < 4096 else max(1, args.repeats - 1))
         for filt in dict.fromkeys(f for _, _, f in variants):
             cell = dict(common, kernel="exp", position="none", filter=filt, backend="sdpa")
             results.append(_run_child(cell, args.timeout))
             _progress(results[-1], started)
+            _write(args, results, threads, dtype, started)
         for kernel, position, filt in variants:
             backends = args.backends or _backends_for(kernel)
             for backend in backends:
@@ -371,8 +287,16 @@ def run(args) -> int:
                 cell = dict(common, kernel=kernel, position=position, filter=filt, backend=backend)
                 results.append(_run_child(cell, args.timeout))
                 _progress(results[-1], started)
-    text = table(results) + "\n\nTargets:\n\n" + summary(results)
+                _write(args, results, threads, dtype, started)
+    text = _write(args, results, threads, dtype, started)
     print(text)
+    return 0
+
+
+def _write(args, results: list[Result], threads: int, dtype: str, started: float) -> str:
+    """The table and the targets; with ``--out`` also written there (markdown, and the rows as JSON).
+    Called after every cell, so that a run cut short keeps what it measured."""
+    text = table(results) + "\n\nTargets:\n\n" + summary(results)
     if args.out:
         cmd = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
         with open(args.out, "w") as f:
@@ -381,7 +305,7 @@ def run(args) -> int:
             f.write(text + "\n")
         with open(args.out + ".json", "w") as f:
             json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
-    return 0
+    return text
 
 
 def _progress(r: Result, started: float) -> None:

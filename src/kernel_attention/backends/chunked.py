@@ -274,5 +274,14 @@ class _Chunked(torch.autograd.Function):
 def chunked_smoother(spec: ChunkSpec, qf: Tensor | None, kf: Tensor | None, v: Tensor, *extras: Tensor) -> Tensor:
     """Blockwise soft-max attention (see the module docstring): qf (B, H, Tq, D') and kf (B, H, Tk, D')
     the features whose scaled inner product enters the logits (or both None), v (B, H, Tk, Dv),
-    ``extras`` the tensors ``spec.bias_fn`` / ``spec.value_fn`` read.  Returns (B, H, Tq, Dv)."""
+    ``extras`` the tensors ``spec.bias_fn`` / ``spec.value_fn`` read.  Returns (B, H, Tq, Dv).
+
+    Under autocast, q', k' and v are cast to its dtype here: the forward's products would be cast by
+    autocast, the backward runs without it, and mixed inputs (a bf16 projection plus a float32
+    positional bias) would reach its products as they are."""
+    dev = v.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        qf, kf = (None if x is None else x.to(dt) for x in (qf, kf))
+        v = v.to(dt)
     return _Chunked.apply(spec, qf, kf, v, *extras)

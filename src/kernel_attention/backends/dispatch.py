@@ -14,6 +14,7 @@ A backend asked for by name that cannot run the call raises :class:`BackendError
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
 from kernel_attention.registry import SpecError
@@ -42,17 +43,30 @@ class Choice:
         return "\n".join(lines)
 
 
-def linear_crossover(features: int, d_head: int) -> int:
+def linear_crossover(features: int, d_head: int, device: str = "cpu") -> int:
     """Keys from which ``auto`` prefers ``linear`` to ``dense``.  The linear form costs ~T·F·Dv per
     pass against T^2·D for dense, so they break even near T ~ F.  Measured on CPU (docs/benchmarks.md,
     forward+backward, B=4, H=8, D=64): the linear kernel (F = D = 64) is already 3x faster than dense at
     256 keys; poly of degree 2 (F = D(D+1)/2 = 2080) is 0.68x / 0.76x dense's speed at 2048 keys (full /
-    causal) and 2.45x / 2.25x at 4096, a crossover near 3k = 1.5·F.  Hence 1.5·F keys, never below 256."""
+    causal) and 2.45x / 2.25x at 4096, a crossover near 3k = 1.5·F.  Hence 1.5·F keys, never below 256.
+
+    On CUDA (H100, bf16) dense's (T, T) products run at matrix-unit speed and the linear form's chunk
+    loop is launch-bound: dense was faster at every measured length up to 4096 (linear kernel: 0.81x
+    at 4096; poly: 0.05x), so there the crossover is put past the measured range, at 4·F keys and
+    never below 8192."""
+    if device == "cuda":
+        return max(8192, 4 * features)
     return max(256, 3 * features // 2)
 
 
 def resolve_backend(spec) -> Backend:
-    """A backend instance from a name / spec / instance (``"fused:key_bias=mask"``)."""
+    """A backend instance from a name / spec / instance (``"fused:key_bias=mask"``).  Backends hold
+    only their parameters, so one instance per spec string is kept (no parsing per call)."""
+    return _from_spec(spec) if isinstance(spec, str) else BACKENDS.create(spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _from_spec(spec: str) -> Backend:
     return BACKENDS.create(spec)
 
 
@@ -73,6 +87,10 @@ def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
         reasons[chosen.name] = "requested" + ("; " + chosen.describe(p) if explain else "")
         return Choice(chosen.name, chosen, reasons)
 
+    if not explain and not p.need_weights:  # attention(): the first that runs, no reasons gathered
+        fused = resolve_backend("fused")
+        if fused.why_not(p) is None:
+            return Choice("fused", fused, {})
     cands = {n: resolve_backend(n) for n in names}
     why = {n: b.why_not(p) for n, b in cands.items()}
     reasons: dict = {}
@@ -86,7 +104,7 @@ def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
         from kernel_attention.backends.linear import feature_size
 
         f, tk = feature_size(p), p.shape[3]
-        cross = linear_crossover(f, p.q.shape[-1])
+        cross = linear_crossover(f, p.q.shape[-1], p.q.device.type)
         if tk >= cross:
             chosen = "linear"
         else:

@@ -17,17 +17,30 @@ import functools
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import Problem
+from kernel_attention.backends.base import Problem, pad_last
 
 __all__ = ["flex_why_not", "flex_smoother"]
+
+
+#: Compiled FlexAttention kernels per process.  Each (shape, dtype, block mask, score_mod form) is one
+#: compilation of the same function, so dynamo's default of 8 per function would send later calls to
+#: the unfused eager FlexAttention (T x T scores); a model uses few forms, a test or benchmark grid many.
+RECOMPILE_LIMIT = 256
 
 
 @functools.lru_cache(maxsize=1)
 def _flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    compiled = torch.compile(flex_attention, dynamic=False) if torch.cuda.is_available() else flex_attention
-    return compiled, create_block_mask
+    if not torch.cuda.is_available():
+        return flex_attention, create_block_mask
+    import torch._dynamo.config as dc
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(dc, name):
+            setattr(dc, name, max(getattr(dc, name), RECOMPILE_LIMIT))
+    return torch.compile(flex_attention, dynamic=False), create_block_mask
 
 
 def flex_why_not(p: Problem, allow_cpu: bool = False) -> str | None:
@@ -48,18 +61,65 @@ def flex_why_not(p: Problem, allow_cpu: bool = False) -> str | None:
     return None
 
 
+def _by_spec(filt) -> bool:
+    """Whether a filter's mask is a function of its spec and (Tq, Tk) alone (no tensor of its own, no
+    batch padding), so that its block mask can be kept for the next call."""
+    from kernel_attention.filters import MaskFilter, Padding, _Combined
+
+    if isinstance(filt, _Combined):
+        return _by_spec(filt.a) and _by_spec(filt.b)
+    return not (filt is None or filt.needs_key_mask or isinstance(filt, MaskFilter)
+                or isinstance(filt, Padding) and filt.key_mask is not None)
+
+
+_BLOCK_MASKS: dict = {}
+
+
+def _block_mask(p: Problem, create_block_mask):
+    """The BlockMask of ``p.keep``.  Building one evaluates the mask over every tile (milliseconds at
+    T = 4096, more than the attention itself), so masks of spec filters are kept per (filter, Tq, Tk,
+    device): a model's layers and steps share one."""
+    b, h, tq, tk = p.shape
+    key = (repr(p.filter), tq, tk, str(p.q.device)) if p.key_mask is None and _by_spec(p.filter) else None
+    if key is not None and key in _BLOCK_MASKS:
+        return _BLOCK_MASKS[key]
+    keep = p.keep
+    while keep.dim() < 4:
+        keep = keep.unsqueeze(0)
+    keep = keep.expand(keep.shape[0], keep.shape[1], tq, tk)
+    kb_, kh_ = keep.shape[0], keep.shape[1]
+
+    def mask_mod(bi, hi, qi, ki):
+        return keep[bi if kb_ > 1 else 0, hi if kh_ > 1 else 0, qi, ki]
+
+    mask = create_block_mask(mask_mod, kb_, kh_, tq, tk, device=p.q.device)
+    if key is not None:
+        if len(_BLOCK_MASKS) >= 64:
+            _BLOCK_MASKS.pop(next(iter(_BLOCK_MASKS)))
+        _BLOCK_MASKS[key] = mask
+    return mask
+
+
 def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Tensor | None) -> Tensor:
-    """softmax(scale · qf kf^T + b) v over the filter, with b from the key bias and ``p.terms``."""
+    """softmax(scale · qf kf^T + b) v over the filter, with b from the key bias and ``p.terms``.
+
+    ``qf``, ``kf``: the kernel's SDPA features with any positional features (``product``) already
+    concatenated (:func:`kernel_attention.backends.fused.sdpa_features`)."""
+    from kernel_attention.backends.banded import shaw_clip
+
     flex, create_block_mask = _flex()
     b, h, tq, tk = p.shape
     t = p.terms
     kb = key_bias
     if t is not None and t.key_bias is not None:
         kb = t.key_bias if kb is None else kb + t.key_bias
-    if t is not None and t.q_feat is not None:
-        qf = torch.cat([qf, t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale], -1)
-        kf = torch.cat([kf, t.k_feat.expand(b, *t.k_feat.shape[1:])], -1)
-    rel = [] if t is None else [(lg.expand(b, h, *lg.shape[2:]), ix.expand(b, tq, tk)) for lg, ix in t.relative]
+    rel, clipped = [], []
+    for lg, ix in ([] if t is None else t.relative):
+        c = shaw_clip(ix, tq, tk)
+        if c is not None and lg.shape[-1] == 2 * c + 1:  # the index is clip(i - j) + c: computed in the kernel
+            clipped.append((lg.expand(b, h, *lg.shape[2:]), c))
+        else:
+            rel.append((lg.expand(b, h, *lg.shape[2:]), ix.expand(b, tq, tk)))
     dense = None
     if t is not None and t.bias is not None:
         dense = t.bias
@@ -71,28 +131,24 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
     def score_mod(score, bi, hi, qi, ki):
         if kbx is not None:
             score = score + kbx[bi, hi, ki]
+        for lg, c in clipped:
+            score = score + lg[bi, hi, qi, torch.clamp(qi - ki, -c, c) + c]
         for lg, ix in rel:
             score = score + lg[bi, hi, qi, ix[bi, qi, ki]]
         if dense is not None:
             score = score + dense[bi, hi, qi, ki]
         return score
 
-    block_mask = None
-    if p.keep is not None:
-        keep = p.keep
-        while keep.dim() < 4:
-            keep = keep.unsqueeze(0)
-        keep = keep.expand(keep.shape[0], keep.shape[1], tq, tk)
-        kb_, kh_ = keep.shape[0], keep.shape[1]
-
-        def mask_mod(bi, hi, qi, ki):
-            return keep[bi if kb_ > 1 else 0, hi if kh_ > 1 else 0, qi, ki]
-
-        block_mask = create_block_mask(mask_mod, kb_, kh_, tq, tk, device=p.q.device)
-    # One head size for q and k (multiple of 16); v keeps its own.
-    d = -(-qf.shape[-1] // 16) * 16
-    pad = lambda x: torch.nn.functional.pad(x, (0, d - x.shape[-1])) if x.shape[-1] != d else x
-    out = flex(pad(qf), pad(kf), p.v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    block_mask = None if p.keep is None else _block_mask(p, create_block_mask)
+    # One head size for q and k, v its own, each a multiple of 16 (FlexAttention's Triton kernels
+    # take no smaller or odd sizes); the zero padding adds nothing to <q', k'> and is cut from out.
+    r16 = lambda n: -(-n // 16) * 16
+    dv = p.v.shape[-1]
+    d = r16(qf.shape[-1])
+    out = flex(pad_last(qf, d), pad_last(kf, d), pad_last(p.v, r16(dv)), score_mod=score_mod,
+               block_mask=block_mask, scale=scale)
+    if out.shape[-1] != dv:
+        out = out[..., :dv]
     if p.keep is not None:
         nonempty = p.keep.any(-1, keepdim=True)
         out = out * nonempty.to(out.dtype)  # rows with no key: zero, never NaN

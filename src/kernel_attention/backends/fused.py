@@ -39,6 +39,9 @@ from kernel_attention.registry import Param
 
 __all__ = ["FusedBackend"]
 
+#: Elements of one blocked-path block on CUDA (see :meth:`FusedBackend._rows`).
+CUDA_BLOCK_ELEMENTS = 1 << 25
+
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -81,8 +84,8 @@ class _KeyBiasSDPA(torch.autograd.Function):
 @BACKENDS.register("fused", [
     Param("key_bias", str, "features", choices=("features", "mask"),
           doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as an SDPA bias"),
-    Param("block", int, BLOCK_ELEMENTS, check=lambda x: x >= 1024, rule=">= 1024",
-          doc="elements of one (B, H, rows, Tk) block on the blocked path"),
+    Param("block", int, None, optional=True, check=lambda x: x >= 1024, rule=">= 1024",
+          doc="elements of one (B, H, rows, Tk) block on the blocked path (default: 2^23 on CPU, 2^25 on CUDA)"),
     Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
     Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
 ])
@@ -91,9 +94,17 @@ class FusedBackend(Backend):
 
     name = "fused"
 
-    def __init__(self, key_bias: str = "features", block: int = BLOCK_ELEMENTS, flex: bool = True,
+    def __init__(self, key_bias: str = "features", block: int | None = None, flex: bool = True,
                  banded: bool = True):
         self.key_bias, self.block, self.flex, self.banded = key_bias, block, flex, banded
+
+    def _rows(self, p: Problem) -> int:
+        """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
+        small blocks leave it launch-bound: 4x the CPU's budget there (at B=4, H=8, T=4096, 256 rows, a
+        (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense)."""
+        budget = self.block or (CUDA_BLOCK_ELEMENTS if p.q.device.type == "cuda" else BLOCK_ELEMENTS)
+        b, h, tq, tk = p.shape
+        return block_rows(b, h, tq, tk, budget)
 
     def why_not(self, p: Problem) -> str | None:
         if p.need_weights:
@@ -150,8 +161,21 @@ class FusedBackend(Backend):
             return False
         return self._direct_mask(p)[0]
 
+    def _flex_path(self, p: Problem) -> bool:
+        """Whether ``p`` runs on FlexAttention: on CUDA, a kernel with SDPA features, a problem that
+        FlexAttention takes, and no single plain SDPA call for it (relative tables, float biases, sparse
+        filters; a key bias, which CUDA's SDPA cannot differentiate as a (B, H, 1, Tk) mask)."""
+        if p.q.device.type != "cuda" or not self.flex:
+            return False
+        form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
+        if form is None:
+            return False
+        from kernel_attention.backends.flex import flex_why_not
+
+        return flex_why_not(p) is None and (not self._direct(p) or form.key_bias is not None)
+
     def describe(self, p: Problem) -> str:
-        if self._direct(p):
+        if self._direct(p) and not self._flex_path(p):
             form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
             how = "key bias" if form.key_bias is not None else "features"
             extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
@@ -164,7 +188,7 @@ class FusedBackend(Backend):
             return (f"fused: shaw clipped at {c}: keys farther than {c} (one bias per row) as {far}, the keys "
                     f"within {c - 1} formed explicitly, merged by log-sum-exp")
         b, h, tq, tk = p.shape
-        rows = block_rows(b, h, tq, tk, self.block)
+        rows = self._rows(p)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
         kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
         density = float(p.keep.float().mean()) if p.keep is not None else 1.0
@@ -182,33 +206,19 @@ class FusedBackend(Backend):
                        f"outside their span and compute {100 * kept:.0f}%"
                        + ("" if kept < 2 * density + 0.05 else
                           " (inside the span the mask is applied, not exploited: dense emulation of the sparsity)"))
-        if p.q.device.type == "cuda" and self.flex and _has_form(p):
-            from kernel_attention.backends.flex import flex_why_not
-
-            if flex_why_not(p) is None:
-                return "fused: FlexAttention (score_mod for the additive terms, block mask for the filter); " + "; ".join(why)
+        if self._flex_path(p):
+            return ("fused: FlexAttention (score_mod for the additive terms, block mask for the filter); "
+                    + "; ".join(why or ["the kernel's per-key term as a score_mod"]))
         return (f"fused: blocked SDPA, {len(blocks)} blocks of {rows} query rows; " + "; ".join(why))
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, p: Problem):
-        q, k, v, kern, t = p.q, p.k, p.v, p.kernel, p.terms
-        b, h, tq, tk = p.shape
-        form = kern.sdpa_form(q, k, key_bias=self.key_bias)
-        qf = kf = None
-        scale = 1.0
-        key_bias = None
-        if form is not None:
-            qf, kf, scale, key_bias = form.q, form.k, form.scale, form.key_bias
-            if t is not None and t.q_feat is not None:
-                # <q_feat, k_feat> joins the inner product: [q'; q_feat / scale] · [k'; k_feat] · scale.
-                qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
-                kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
-                qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
-        if q.device.type == "cuda" and self.flex and form is not None and not self._direct(p):
-            from kernel_attention.backends.flex import flex_smoother, flex_why_not
+        q, v, t = p.q, p.v, p.terms
+        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias)
+        if self._flex_path(p):
+            from kernel_attention.backends.flex import flex_smoother
 
-            if flex_why_not(p) is None:  # relative biases and sparse masks: score_mod + block mask
-                return flex_smoother(p, qf, kf, scale, key_bias), None
+            return flex_smoother(p, qf, kf, scale, key_bias), None
         c = self._shaw_clip(p)
         if c is not None:
             return shaw_banded(qf, kf, v, t.relative[0][0].to(qf.dtype), c, p.causal, scale), None
@@ -216,10 +226,12 @@ class FusedBackend(Backend):
             ok, mask, is_causal = self._direct_mask(p)
             if key_bias is None:
                 d = max(qf.shape[-1], v.shape[-1])
+                if q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
+                    d = -(-d // 8) * 8
                 out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d),
                                                      attn_mask=mask, dropout_p=p.dropout_p,
                                                      is_causal=is_causal, scale=scale)
-                return out[..., :v.shape[-1]], None
+                return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
             if p.dropout_p == 0.0 and q.device.type == "cpu":
                 return _KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
         return self._blocked(p, qf, kf, scale, key_bias), None
@@ -227,7 +239,7 @@ class FusedBackend(Backend):
     def _blocked(self, p: Problem, qf, kf, scale, key_bias):
         q, k, v, kern, t = p.q, p.k, p.v, p.kernel, p.terms
         b, h, tq, tk = p.shape
-        keep, blocks = plan_blocks(p.keep, tq, tk, block_rows(b, h, tq, tk, self.block))
+        keep, blocks = plan_blocks(p.keep, tq, tk, self._rows(p))
         extras: list = []
         axes: list = []
         pieces = []  # callables (rows, cols, ex) -> additive term
@@ -284,24 +296,39 @@ class FusedBackend(Backend):
                 out = x if out is None else out + x
             return out
 
-        value_fn = None
-        if t is not None and t.value:
-            tables = [(slot(table), index) for table, index in t.value]
+        tables = [] if t is None else [(slot(table), index) for table, index in t.value]
 
-            def value_fn(w, r, c, ex):
-                out = None
-                for i, index in tables:
-                    table = ex[i]
-                    idx = index[..., r, c].unsqueeze(1).expand_as(w)
-                    per_row = w.new_zeros(*w.shape[:-1], table.shape[0]).scatter_add(-1, idx, w)
-                    term = torch.matmul(per_row, table.to(w.dtype))
-                    out = term if out is None else out + term
-                return out
+        def value_fn(w, r, c, ex):
+            """sum_j w_ij a^V_{index(i, j)}: each row's weights summed per table entry, times the table."""
+            out = None
+            for i, index in tables:
+                table = ex[i]
+                idx = index[..., r, c].unsqueeze(1).expand_as(w)
+                per_row = w.new_zeros(*w.shape[:-1], table.shape[0]).scatter_add(-1, idx, w)
+                term = torch.matmul(per_row, table.to(w.dtype))
+                out = term if out is None else out + term
+            return out
 
         seed = int(torch.randint(0, 2 ** 62, (1,))) if p.dropout_p > 0 else 0
         spec = ChunkSpec(scale=scale, blocks=blocks, keep=keep, bias_fn=bias_fn if pieces else None,
-                         value_fn=value_fn, dropout_p=p.dropout_p, seed=seed, axes=axes)
+                         value_fn=value_fn if tables else None, dropout_p=p.dropout_p, seed=seed, axes=axes)
         return chunked_smoother(spec, qf, kf, v, *extras)
+
+
+def sdpa_features(p: Problem, key_bias: str = "features"):
+    """(q', k', scale, key bias or None) with log k = scale · <q', k'> + key bias (+ per-row constants),
+    the positional features of ``product`` concatenated:  [q'; q_feat / scale] · [k'; k_feat] · scale
+    adds <q_feat, k_feat>.  (None, None, 1.0, None) for a kernel without SDPA features."""
+    form = p.kernel.sdpa_form(p.q, p.k, key_bias=key_bias)
+    if form is None:
+        return None, None, 1.0, None
+    qf, kf, scale, t = form.q, form.k, form.scale, p.terms
+    if t is not None and t.q_feat is not None:
+        b = p.shape[0]
+        qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
+        kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
+        qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
+    return qf, kf, scale, form.key_bias
 
 
 def _has_form(p: Problem) -> bool:

@@ -110,11 +110,15 @@ class LinearBackend(Backend):
         mode, km = _structure(p)
         km = None if km is None else km.to(q.dtype)  # (B|1, H|1, Tk, 1)
 
+        # The states S, z are sums over every key: kept in float32 under bf16 / fp16 inputs (as fused
+        # attention keeps its soft-max sums), so their rounding does not grow with the sequence.
+        acc = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+
         def state(kc, vc, mc):
             phi = kern.feature_map(kc)
             if mc is not None:
                 phi = phi * mc
-            return torch.matmul(phi.transpose(-1, -2), vc), phi.sum(-2)
+            return torch.matmul(phi.transpose(-1, -2), vc).to(acc), phi.sum(-2, dtype=acc)
 
         c = self.chunk
         if mode == "full":
@@ -125,8 +129,8 @@ class LinearBackend(Backend):
                 s, z = (ds, dz) if s is None else (s + ds, z + dz)
 
             def read(qc, s, z):
-                phi = kern.feature_map(qc)
-                return torch.matmul(phi, s) / _guard(torch.matmul(phi, z.unsqueeze(-1)))
+                phi = kern.feature_map(qc).to(acc)
+                return (torch.matmul(phi, s) / _guard(torch.matmul(phi, z.unsqueeze(-1)))).to(q.dtype)
 
             return torch.cat([ck(read, q[..., r:r + c, :], s, z) for r in range(0, tq, c)], -2), None
 
@@ -136,13 +140,13 @@ class LinearBackend(Backend):
             kk = kk * torch.ones(n, n, dtype=torch.bool, device=kk.device).tril()
             if mc is not None:
                 kk = kk * mc.transpose(-1, -2)
-            num = torch.matmul(kk, vc)
-            den = kk.sum(-1, keepdim=True)
+            num = torch.matmul(kk, vc).to(acc)
+            den = kk.sum(-1, keepdim=True, dtype=acc)
             if s is not None:
-                phi = kern.feature_map(qc)
+                phi = kern.feature_map(qc).to(acc)
                 num = num + torch.matmul(phi, s)
                 den = den + torch.matmul(phi, z.unsqueeze(-1))
-            return num / _guard(den)
+            return (num / _guard(den)).to(q.dtype)
 
         outs, s, z = [], None, None
         for j in range(0, tq, c):

@@ -1,0 +1,153 @@
+"""The CUDA paths (SDPA on CUDA, FlexAttention's score_mod and block masks, the blocked path, the
+linear backend) against ``dense`` in float64 on the CPU: values and gradients, float32 and bfloat16.
+
+Marked ``gpu``: skipped where no CUDA device is present (CI), run on a lent GPU with
+``python -m pytest -q -m gpu tests/test_gpu.py``."""
+
+import pytest
+import torch
+
+import kernel_attention as ka
+from kernel_attention.functional import attention, explain
+from kernel_attention.positions import default_positions, make_position
+
+pytestmark = pytest.mark.gpu
+
+B, H, D = 2, 4, 16
+CUDA = torch.device("cuda")
+#: ||out - ref|| / ||ref|| allowed per dtype (float32 leaves rounding only; bf16 keeps 8 bits).
+TOL = {torch.float32: 1e-4, torch.bfloat16: 4e-2}
+
+
+def _case(backend, kernel, position="none", filt=None, t=40, device=CUDA, dtype=torch.float32,
+          key_mask=None, value_position="none", exact=False):
+    """Output and gradients (q, k, v, positional and kernel parameters) as float64 on the CPU.  Inputs
+    and parameters are drawn in float64 and rounded to ``dtype``, so every run sees the same values;
+    ``exact``: computed from them in float64 on the CPU (the reference) instead of in ``dtype``."""
+    if exact:
+        device, compute = torch.device("cpu"), torch.float64
+    else:
+        compute = dtype
+    torch.manual_seed(1)
+    pos = make_position(position, d_model=H * D, n_heads=H, d_head=D, value_position=value_position).double()
+    kern = ka.make_kernel(kernel, n_heads=H, d_head=D).double().eval()
+    for p in list(pos.parameters()) + list(kern.parameters()):  # rounded once, so every dtype sees the same
+        p.data = p.data.to(dtype).double()
+    pos, kern = pos.to(device, compute), kern.to(device, compute)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, t, D, generator=g, dtype=torch.float64).to(dtype).to(device, compute)
+               .requires_grad_() for _ in range(3))
+    pq, pk = default_positions(t, t, device, True)
+    km = None if key_mask is None else key_mask.to(device)
+    out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), key_mask=km, backend=backend)
+    params = [q, k, v] + list(pos.parameters()) + [p for p in kern.parameters() if p.requires_grad]
+    gout = torch.cos(torch.arange(out.numel(), device=device, dtype=torch.float64)).reshape(out.shape).to(compute)
+    grads = torch.autograd.grad(out, params, gout, allow_unused=True)
+    cpu = lambda x: None if x is None else x.detach().double().cpu()
+    return cpu(out), [cpu(x) for x in grads]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _agree(got, ref, tol, base=None):
+    """``got`` within ``tol`` of the float64 ``ref`` (relative norm), or, where ``base`` (dense in the
+    same dtype and device) is given, within 3x base's own error if that is larger: in bf16 the reference
+    implementation's own rounding sets what "agrees" can mean (a wrong formula is off by O(1)).  The
+    gradients of parameters (after q, k, v) are sums over every (b, h, i, j): in bf16 they get 4x ``tol``."""
+    names = ["output"] + [f"gradient {i}" for i in range(len(got[1]))]
+    gots, refs = [got[0], *got[1]], [ref[0], *ref[1]]
+    bases = [None] * len(gots) if base is None else [base[0], *base[1]]
+    for i, (name, x, y, z) in enumerate(zip(names, gots, refs, bases)):
+        if x is None or y is None:
+            assert (x is None or not x.any()) and (y is None or not y.any()), name
+            continue
+        assert torch.isfinite(x).all(), f"{name}: not finite"
+        bound = tol if z is None else max(tol * (1 if i < 4 else 4), 3 * _rel(z, y))
+        assert _rel(x, y) < bound, f"{name}: relative error {_rel(x, y):.2e} >= {bound:.2e}"
+
+
+def _key_mask(t):
+    km = torch.ones(B, t, dtype=torch.bool)
+    km[1, t // 2:] = False
+    return km
+
+
+def _fused_agrees(kernel, position, filt, dtype):
+    km = _key_mask(40) if filt == "padding" else None
+    ref = _case("dense", kernel, position, filt, key_mask=km, dtype=dtype, exact=True)
+    base = _case("dense", kernel, position, filt, key_mask=km, dtype=dtype) if dtype != torch.float32 else None
+    backends = ["fused", "fused:flex=false"] + (["fused:key_bias=mask"] if kernel == "rbf" else [])
+    for backend in backends:
+        _agree(_case(backend, kernel, position, filt, key_mask=km, dtype=dtype), ref, TOL[dtype], base)
+
+
+@pytest.mark.parametrize("filt", [None, "causal", "local:window=6", "padding"])
+@pytest.mark.parametrize("position", ["none", "shaw", "xl", "product"])
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic", "ikas"])
+def test_fused_on_cuda_matches_dense(kernel, position, filt):
+    """float32: every kernel x position x filter, on FlexAttention where it applies and without it."""
+    _fused_agrees(kernel, position, filt, torch.float32)
+
+
+@pytest.mark.parametrize("filt", ["causal", "local:window=6"])
+@pytest.mark.parametrize("position", ["none", "shaw", "xl", "product"])
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "ikas"])
+def test_fused_on_cuda_matches_dense_in_bf16(kernel, position, filt):
+    """bfloat16 (each FlexAttention form compiles once per dtype: a subset of the float32 grid)."""
+    _fused_agrees(kernel, position, filt, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("filt", [None, "causal", "padding"])
+@pytest.mark.parametrize("kernel", ["linear", "poly"])
+def test_linear_on_cuda_matches_dense(kernel, filt, dtype):
+    km = _key_mask(40) if filt == "padding" else None
+    ref = _case("dense", kernel, "none", filt, key_mask=km, dtype=dtype, exact=True)
+    base = _case("dense", kernel, "none", filt, key_mask=km, dtype=dtype) if dtype != torch.float32 else None
+    for backend in ("linear", "linear:chunk=7"):
+        # the direct kernels normalise k / sum k, whose sums of signed terms cancel: 10x float32's bound
+        _agree(_case(backend, kernel, "none", filt, key_mask=km, dtype=dtype), ref,
+               TOL[dtype] * (10 if dtype == torch.float32 else 1), base)
+
+
+def test_shaw_relative_values_and_memory_on_cuda():
+    for filt in (None, "causal", "local:window=5"):
+        ref = _case("dense", "exp", "shaw", filt, value_position="relative", exact=True)
+        _agree(_case("fused", "exp", "shaw", filt, value_position="relative"), ref, TOL[torch.float32])
+
+
+def test_cuda_dispatch_names_its_path():
+    q, k, v = (torch.randn(B, H, 64, D, device=CUDA) for _ in range(3))
+    assert "FlexAttention" in explain(q, k, v, "exp", "local:window=8").reasons["fused"]
+    assert "one SDPA call" in explain(q, k, v, "rbf", "causal").reasons["fused"]
+    pos = make_position("shaw", d_model=H * D, n_heads=H, d_head=D).to(CUDA)
+    terms = pos.terms(q, k, *default_positions(64, 64, CUDA, True))
+    assert "FlexAttention" in explain(q, k, v, "exp", "causal", terms=terms).reasons["fused"]
+    assert "shaw clipped" not in str(explain(q, k, v, "exp", "causal", terms=terms))  # CPU only
+
+
+def test_empty_rows_are_zero_on_cuda():
+    km = torch.ones(B, 40, dtype=torch.bool)
+    km[0] = False
+    for backend in ("fused", "fused:flex=false", "fused:key_bias=mask"):
+        out, grads = _case(backend, "rbf", "shaw", "causal", key_mask=km)
+        assert torch.equal(out[0], torch.zeros_like(out[0])), backend
+        assert all(torch.isfinite(g).all() for g in grads if g is not None), backend
+
+
+@pytest.mark.parametrize("position", ["none", "shaw", "xl"])
+def test_layer_trains_under_bf16_autocast_on_cuda(position):
+    """One KernelAttention layer, forward+backward under bf16 autocast on CUDA: finite, and close to the
+    float32 layer with the same weights."""
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(64, 4, kernel="rbf", position=position, filter="causal").to(CUDA)
+    x = torch.randn(2, 50, 64, device=CUDA)
+    ref = layer(x)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(x)
+    y.float().pow(2).mean().backward()
+    assert torch.isfinite(y).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+    assert _rel(y.float(), ref) < 5e-2
