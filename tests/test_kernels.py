@@ -119,3 +119,17 @@ def test_periodic_small_distance_matches_rbf():
     lp = ka.make_kernel("periodic").log_kernel(a, b)
     lr = ka.make_kernel("rbf").log_kernel(a, b)
     assert torch.allclose(lp, lr, rtol=1e-4)
+
+
+def test_sdpa_layout_says_what_sdpa_form_returns():
+    """The backends read ``sdpa_layout`` instead of computing ``sdpa_form``: for every registered kernel
+    and both key-bias modes they must agree (None / "bias" / "features")."""
+    from kernel_attention.kernels import KERNELS, make_kernel
+
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    for name in KERNELS.names():
+        kern = make_kernel(name, n_heads=2, d_head=8)
+        for key_bias in ("features", "mask"):
+            form = kern.sdpa_form(q, k, key_bias=key_bias)
+            expected = None if form is None else ("bias" if form.key_bias is not None else "features")
+            assert kern.sdpa_layout(key_bias) == expected, (name, key_bias)

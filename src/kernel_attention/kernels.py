@@ -88,6 +88,12 @@ class Kernel(nn.Module):
         (``"mask"``); kernels without such a term ignore it."""
         return None
 
+    def sdpa_layout(self, key_bias: str = "features") -> str | None:
+        """What :meth:`sdpa_form` returns, without computing it (the backends ask several times per
+        call): None (no form), ``"bias"`` (a form with a key bias) or ``"features"``.  A kernel that
+        overrides :meth:`sdpa_form` overrides this too where the answer is not ``"features"``."""
+        return None if type(self).sdpa_form is Kernel.sdpa_form else "features"
+
     def blockwise(self, q: Tensor, k: Tensor):
         """``(state, f)`` with log k(q[rows], k[cols]) = f(rows, cols, q, k, *state) for any block of query
         rows and key columns; per-call state (sampled spectral points, features) is computed once here.
@@ -205,6 +211,9 @@ class RBFKernel(_ScaledKernel):
             return SDPAForm(q, k, 2 * s, key_bias=(-s * sk).transpose(-1, -2))
         ones = q.new_ones(*q.shape[:-1], 1)
         return SDPAForm(torch.cat([q, ones], -1), torch.cat([k, -0.5 * sk], -1), 2 * s)
+
+    def sdpa_layout(self, key_bias="features"):
+        return "bias" if key_bias == "mask" else "features"
 
 
 @KERNELS.register("periodic", [

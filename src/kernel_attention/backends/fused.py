@@ -144,8 +144,7 @@ class FusedBackend(Backend):
             return None
         if not (p.keep is None or p.causal):
             return None
-        form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
-        if form is None or form.key_bias is not None:
+        if p.kernel.sdpa_layout(self.key_bias) != "features":
             return None
         b, h, tq, tk = p.shape
         logits, index = t.relative[0]
@@ -167,17 +166,16 @@ class FusedBackend(Backend):
         filters; a key bias, which CUDA's SDPA cannot differentiate as a (B, H, 1, Tk) mask)."""
         if p.q.device.type != "cuda" or not self.flex:
             return False
-        form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
-        if form is None:
+        layout = p.kernel.sdpa_layout(self.key_bias)
+        if layout is None:
             return False
         from kernel_attention.backends.flex import flex_why_not
 
-        return flex_why_not(p) is None and (not self._direct(p) or form.key_bias is not None)
+        return flex_why_not(p) is None and (not self._direct(p) or layout == "bias")
 
     def describe(self, p: Problem) -> str:
         if self._direct(p) and not self._flex_path(p):
-            form = p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :], key_bias=self.key_bias)
-            how = "key bias" if form.key_bias is not None else "features"
+            how = "key bias" if p.kernel.sdpa_layout(self.key_bias) == "bias" else "features"
             extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
             mask = ", causal" if self._direct_mask(p)[2] else (", padding mask" if p.keep is not None else "")
             return f"fused: one SDPA call on {p.kernel.name} {how}{extra}{mask}"
@@ -332,5 +330,5 @@ def sdpa_features(p: Problem, key_bias: str = "features"):
 
 
 def _has_form(p: Problem) -> bool:
-    """Whether the kernel has SDPA features (asked on one query and one key, which is cheap)."""
-    return p.kernel.sdpa_form(p.q[..., :1, :], p.k[..., :1, :]) is not None
+    """Whether the kernel has SDPA features."""
+    return p.kernel.sdpa_layout() is not None
