@@ -8,8 +8,8 @@ the exponential kernel on the same shapes, in one run.
 On CPU each cell runs in a fresh subprocess (``python -m kernel_attention.backends.bench --cell JSON``)
 so that its peak memory is the growth of the process's maximum resident set (``ru_maxrss``) during one
 forward+backward pass, measured before the timed repeats.  On CUDA the cells share one process: the
-peak is the allocator's ``max_memory_allocated`` above the inputs, reset per cell.  Times are the minimum over ``--repeats``
-runs after one warm-up.  Ratios are to SDPA with the exponential kernel timed *in the same process,
+peak is the allocator's ``max_memory_allocated`` above the inputs, reset per cell.  Times are the
+minimum over ``--repeats`` runs after one warm-up.  Ratios are to SDPA with the exponential kernel timed *in the same process,
 interleaved with the cell* (so that a change of load on a shared machine hits both alike): plain SDPA
 for the full filter, ``is_causal`` SDPA for causal filters, SDPA with the bool mask for other filters.
 The SDPA rows of the table are separate cells, for reference.
@@ -252,7 +252,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per CPU cell (CUDA cells run in-process)")
     p.add_argument("--no-checks", action="store_true",
                    help="time without the input checks (their NaN test costs one device sync per call on GPU)")
     p.add_argument("--out", help="also write the table (markdown, with the command and machine) here")
