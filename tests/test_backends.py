@@ -314,3 +314,17 @@ def test_flex_block_masks_are_kept_for_spec_filters_only():
     _block_mask(build_problem(q, k, v, "exp", torch.ones(32, 32, dtype=torch.bool).tril()), create_block_mask)
     assert len(_BLOCK_MASKS) == 2
     assert _by_spec(make_filter("causal&local:window=3")) and not _by_spec(make_filter("padding"))
+
+
+def test_attention_takes_the_backend_explain_names():
+    """attention() skips gathering reasons (explain=False); it must still pick what explain reports."""
+    from kernel_attention.backends import choose
+    from kernel_attention.functional import build_problem
+
+    for kernel, mask, t, d in (("exp", None, 23, D), ("poly", "causal", 23, D), ("poly", "causal", 460, 24),
+                               ("linear", "local:window=2", 23, D), ("rbf", "causal", 23, D)):
+        q, k, v = _inputs(t, t, d=d)
+        p = build_problem(q, k, v, kernel, mask)
+        assert choose(p, explain=False).name == choose(p).name == explain(q, k, v, kernel, mask).name
+    p = build_problem(*_inputs(23, 23), "exp", need_weights=True)
+    assert choose(p, explain=False).name == "dense"

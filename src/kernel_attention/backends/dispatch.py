@@ -73,7 +73,8 @@ def _from_spec(spec: str) -> Backend:
 def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
     """The backend for problem ``p``: ``backend`` is ``"auto"`` or a backend spec.  With
     ``explain=False`` (what :func:`~kernel_attention.attention` uses) the chosen backend's own
-    description is skipped."""
+    description is skipped, and when ``fused`` runs the call no other backend is asked (``reasons``
+    is then empty): the choice is the same, the reasons are :func:`~kernel_attention.explain`'s."""
     names = BACKENDS.names()
     if backend != AUTO:
         if isinstance(backend, str) and backend.split(":")[0] not in names:
