@@ -127,3 +127,12 @@ def test_training_curves_leave_out_columns_without_logged_runs(tmp_path):
     assert w < 1.5 * h  # one panel (4.2 x 3.2 in), not two side by side
     (tmp_path / "x" / "metrics.jsonl").unlink()
     assert training_curves(tmp_path / "fig2", table, cells, dir_of, []) is None
+
+
+def test_paper_scale_with_fewer_runs_says_so():
+    for name, expected in (("ika-graphs", "seeds: 2 of the paper's 10"), ("ika-regression", "the first 2 of the 10"),
+                           ("ika-classification", "the first 2 of the 10")):
+        _, shrink = get_study(name).build(StudyOptions(scale="paper", seeds=2))
+        assert any(expected in s for s in shrink), (name, shrink)
+        _, shrink = get_study(name).build(StudyOptions(scale="paper"))
+        assert not any(expected in s for s in shrink)

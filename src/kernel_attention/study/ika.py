@@ -312,6 +312,8 @@ def _build_graph(opts: StudyOptions):
                 cfg["seed"] = int(base.get("seed", 1)) + s
                 cells.append(Cell("ika-graphs", "t5", rid, ds, cfg["seed"], cfg))
     shrink = ["Pubmed is not run: the staged copy lacks ind.pubmed.allx (features of the non-test nodes)"]
+    if seeds < 10:
+        shrink.append(f"seeds: {seeds} of the paper's 10 runs per cell")
     if small:
         shrink += _describe(SMALL_GRAPH, "graphs")
     return cells, shrink
