@@ -191,6 +191,11 @@ def _run_in_process(cell: dict, r: Result) -> Result:
     finally:
         gc.collect()
         torch.cuda.empty_cache()
+    return _filled(r, out)
+
+
+def _filled(r: Result, out: dict) -> Result:
+    """``r`` with the times and peak memory of :func:`run_cell`'s output."""
     r.fwd_ms, r.fb_ms, r.peak_mb = out["fwd_ms"], out["fb_ms"], out["peak_mb"]
     r.sdpa_fwd_ms, r.sdpa_fb_ms = out.get("sdpa_fwd_ms"), out.get("sdpa_fb_ms")
     return r
@@ -213,10 +218,7 @@ def _run_child(cell: dict, timeout: float) -> Result:
         last = (p.stderr.strip().splitlines() or ["?"])[-1]
         r.status = "killed (memory)" if p.returncode in (-9, 137) else f"error: {last[:120]}"
         return r
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    r.fwd_ms, r.fb_ms, r.peak_mb = out["fwd_ms"], out["fb_ms"], out["peak_mb"]
-    r.sdpa_fwd_ms, r.sdpa_fb_ms = out.get("sdpa_fwd_ms"), out.get("sdpa_fb_ms")
-    return r
+    return _filled(r, json.loads(p.stdout.strip().splitlines()[-1]))
 
 
 def machine(threads: int | None = None) -> str:
