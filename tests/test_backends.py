@@ -14,21 +14,21 @@ B, H, D = 2, 2, 8
 DT = torch.float64
 
 
-def _inputs(tq, tk, d=D, seed=0, dtype=DT):
+def _inputs(tq, tk, d=D, seed=0, dtype=DT, b=B):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, tq, d, generator=g, dtype=dtype).requires_grad_()
-    k = torch.randn(B, H, tk, d, generator=g, dtype=dtype).requires_grad_()
-    v = torch.randn(B, H, tk, d, generator=g, dtype=dtype).requires_grad_()
+    q = torch.randn(b, H, tq, d, generator=g, dtype=dtype).requires_grad_()
+    k = torch.randn(b, H, tk, d, generator=g, dtype=dtype).requires_grad_()
+    v = torch.randn(b, H, tk, d, generator=g, dtype=dtype).requires_grad_()
     return q, k, v
 
 
 def _run(backend, kernel, position="none", filt=None, tq=23, tk=23, key_mask=None, value_position="none",
-         self_attention=True, dropout_p=0.0, dtype=DT):
+         self_attention=True, dropout_p=0.0, dtype=DT, b=B):
     """Output and gradients (q, k, v, positional and kernel parameters) for one combination."""
     torch.manual_seed(1)
     pos = make_position(position, d_model=H * D, n_heads=H, d_head=D, value_position=value_position).to(dtype)
     kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(dtype).eval()
-    q, k, v = _inputs(tq, tk, dtype=dtype)
+    q, k, v = _inputs(tq, tk, dtype=dtype, b=b)
     pq, pk = default_positions(tq, tk, "cpu", self_attention)
     terms = pos.terms(q, k, pq, pk)
     torch.manual_seed(2)
@@ -85,9 +85,27 @@ def test_fused_other_filters_and_pairwise_kernels(kernel):
 def test_fused_direct_path_matches_dense(kernel):
     # Default block budget: one SDPA call for full, causal and padding filters.
     for filt, km in ((None, None), ("causal", None), (None, _key_mask(23))):
-        _close(_run("fused", kernel, "product", filt, key_mask=km), _run("dense", kernel, "product", filt, key_mask=km))
         _close(_run("fused:key_bias=mask", kernel, "none", filt, key_mask=km),
                _run("dense", kernel, "none", filt, key_mask=km))
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
+def test_product_positions_concatenated_or_shared_by_the_batch(kernel):
+    """product's positional features are the same for every sequence of a batch: for B > 1 on the CPU
+    they enter as a (1, H, rows, Tk) bias per block (blocked path), for B = 1 they are concatenated to
+    the features (one SDPA call).  Both equal dense, W_T's gradient (summed over the batch) included,
+    and explain names the form."""
+    cases = [(2, None, None), (2, "causal", None), (2, None, _key_mask(23)), (1, None, None), (1, "causal", None)]
+    for b, filt, km in cases:
+        for backend in ("fused", "fused:key_bias=mask"):
+            _close(_run(backend, kernel, "product", filt, key_mask=km, b=b),
+                   _run("dense", kernel, "product", filt, key_mask=km, b=b))
+        q, k, v = _inputs(23, 23, b=b)
+        pos = make_position("product", d_model=H * D, n_heads=H, d_head=D).to(DT)
+        terms = pos.terms(q, k, *default_positions(23, 23, "cpu", True))
+        why = explain(q, k, v, kernel, filt, key_mask=km, terms=terms, backend="fused").reasons["fused"]
+        assert ("shared by the batch" in why) == (b > 1)
+        assert ("concatenated positional features" in why) == (b == 1)
 
 
 def test_fused_shaw_relative_values():
@@ -299,8 +317,8 @@ def test_shaw_banded_path_not_taken_where_it_does_not_apply():
 def test_flex_block_masks_are_kept_for_spec_filters_only():
     """A BlockMask is built once per (filter spec, Tq, Tk, device); masks that depend on the batch's
     padding or on a user's tensor are built per call."""
-    from kernel_attention.backends.flex import _BLOCK_MASKS, _block_mask, _by_spec
-    from kernel_attention.filters import make_filter
+    from kernel_attention.backends.flex import _BLOCK_MASKS, _block_mask
+    from kernel_attention.filters import MaskFilter, Padding, make_filter
     from kernel_attention.functional import build_problem
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -313,7 +331,10 @@ def test_flex_block_masks_are_kept_for_spec_filters_only():
     _block_mask(build_problem(q, k, v, "exp", "causal", key_mask=_key_mask(32)), create_block_mask)
     _block_mask(build_problem(q, k, v, "exp", torch.ones(32, 32, dtype=torch.bool).tril()), create_block_mask)
     assert len(_BLOCK_MASKS) == 2
-    assert _by_spec(make_filter("causal&local:window=3")) and not _by_spec(make_filter("padding"))
+    assert make_filter("causal&local:window=3").by_spec and make_filter("cross").by_spec
+    assert not make_filter("padding").by_spec and not make_filter("causal&padding").by_spec
+    assert not Padding(_key_mask(32)).by_spec and not MaskFilter(torch.ones(32, 32, dtype=torch.bool)).by_spec
+    assert not (make_filter("causal") | MaskFilter(torch.ones(32, 32, dtype=torch.bool))).by_spec
 
 
 def test_attention_takes_the_backend_explain_names():

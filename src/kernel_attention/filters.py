@@ -48,6 +48,12 @@ class Filter:
     kind: str | None = None
     needs_key_mask = False
 
+    @property
+    def by_spec(self) -> bool:
+        """Whether the mask is a function of the filter's spec and (Tq, Tk) alone, given no call-time
+        key mask: no tensor of its own, no padding of the batch (so a mask built for it can be kept)."""
+        return not self.needs_key_mask
+
     def mask(self, tq: int, tk: int, device=None, key_mask: Tensor | None = None) -> Tensor:
         """Boolean (Tq, Tk) or (B, 1, Tq, Tk); True = the key takes part."""
         raise NotImplementedError
@@ -92,6 +98,10 @@ class Padding(Filter):
 
     def __init__(self, key_mask: Tensor | None = None):
         self.key_mask = key_mask
+
+    @property
+    def by_spec(self) -> bool:
+        return not self.needs_key_mask and self.key_mask is None
 
     def mask(self, tq, tk, device=None, key_mask=None):
         km = self.key_mask if self.key_mask is not None else key_mask
@@ -241,6 +251,8 @@ class MaskFilter(Filter):
             raise TypeError(f"MaskFilter needs a bool mask, got {mask.dtype}")
         self.tensor = mask
 
+    by_spec = False
+
     def mask(self, tq, tk, device=None, key_mask=None):
         if self.tensor.shape[-2:] not in ((tq, tk), (1, tk), (tq, 1), (1, 1)):
             raise ValueError(f"mask of shape {tuple(self.tensor.shape)} does not fit (..., Tq={tq}, Tk={tk})")
@@ -253,6 +265,10 @@ class _Combined(Filter):
     def __init__(self, a: Filter, b: Filter):
         self.a, self.b = a, b
         self.needs_key_mask = a.needs_key_mask or b.needs_key_mask
+
+    @property
+    def by_spec(self) -> bool:
+        return self.a.by_spec and self.b.by_spec
 
     def __repr__(self):
         return f"({self.a!r} {self.op} {self.b!r})"

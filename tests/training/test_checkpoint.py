@@ -39,3 +39,24 @@ def test_load_rejects_other_files(tmp_path):
         load_checkpoint(tmp_path / "x.pt")
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_cuda_generator_states_are_restored_per_device_from_cpu_tensors(monkeypatch):
+    """The CUDA branch of set_rng_state without a GPU: the saved per-device states reach
+    torch.cuda.set_rng_state_all as CPU byte tensors (which it requires; a checkpoint loaded with
+    map_location="cuda" holds them on the GPU), one per device, unchanged.  The GPU run of the same
+    path is tests/training/test_loop.py::test_mixed_precision_on_cuda_resumes_exactly."""
+    got = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: got.extend(states))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all",
+                        lambda: [torch.arange(16, dtype=torch.uint8) + i for i in range(2)])
+    state = get_rng_state()
+    assert len(state["cuda"]) == 2
+    set_rng_state(state)
+    assert len(got) == 2
+    for s, saved in zip(got, state["cuda"]):
+        assert s.device.type == "cpu" and s.dtype == torch.uint8 and torch.equal(s, saved)
+    got.clear()
+    set_rng_state({**state, "cuda": None})  # a checkpoint written without a GPU restores none
+    assert got == []

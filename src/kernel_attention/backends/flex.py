@@ -61,17 +61,6 @@ def flex_why_not(p: Problem, allow_cpu: bool = False) -> str | None:
     return None
 
 
-def _by_spec(filt) -> bool:
-    """Whether a filter's mask is a function of its spec and (Tq, Tk) alone (no tensor of its own, no
-    batch padding), so that its block mask can be kept for the next call."""
-    from kernel_attention.filters import MaskFilter, Padding, _Combined
-
-    if isinstance(filt, _Combined):
-        return _by_spec(filt.a) and _by_spec(filt.b)
-    return not (filt is None or filt.needs_key_mask or isinstance(filt, MaskFilter)
-                or isinstance(filt, Padding) and filt.key_mask is not None)
-
-
 _BLOCK_MASKS: dict = {}
 
 
@@ -80,7 +69,7 @@ def _block_mask(p: Problem, create_block_mask):
     T = 4096, more than the attention itself), so masks of spec filters are kept per (filter, Tq, Tk,
     device): a model's layers and steps share one."""
     b, h, tq, tk = p.shape
-    key = (repr(p.filter), tq, tk, str(p.q.device)) if p.key_mask is None and _by_spec(p.filter) else None
+    key = (repr(p.filter), tq, tk, str(p.q.device)) if p.key_mask is None and p.filter is not None and p.filter.by_spec else None
     if key is not None and key in _BLOCK_MASKS:
         return _BLOCK_MASKS[key]
     keep = p.keep

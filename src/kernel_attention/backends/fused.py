@@ -11,6 +11,7 @@ Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
   (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with the key-norm term as an augmented feature or as a
   key bias; ``periodic`` as Fourier features), the positional factor is absent or an inner product
   (``product``: its features are concatenated), and the filter is full, causal or padding.
+  On the CPU, ``product`` positions shared by the batch go to the blocked path instead (below).
 * **banded** -- Shaw's clipped table (Eq. 6) under a full or causal filter: keys farther than the clip
   share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
   and after its window; causal: one causal call on the shifted sequences), and only the keys within
@@ -19,7 +20,12 @@ Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
   with only ``log_kernel`` such as the implicit kernels, sparse filters, dropout with a value term):
   query rows are processed in blocks with b formed per block and recomputed in the backward pass
   (:mod:`kernel_attention.backends.chunked`), so extra memory grows as rows x Tk.  Sparse filters
-  skip the keys outside each block's span (a local window costs a band, not a square).
+  skip the keys outside each block's span (a local window costs a band, not a square).  ``product``
+  on the CPU with positions shared by a batch of B > 1 runs here too: concatenated, its features
+  double the head size of every product of the flash kernel, whose CPU version also pads v to that
+  size (about 2x SDPA); as a (1, H, rows, Tk) bias formed once per block for the whole batch and
+  passed as the flash kernel's mask it costs about 1.5x (measured, docs/benchmarks.md).  At B = 1
+  the two cost the same and the one-call form is kept.
 
 On CUDA the same decomposition can run on FlexAttention (:mod:`kernel_attention.backends.flex`) where
 it is faster; the SDPA paths stay the fallback and the only path on CPU.
@@ -39,8 +45,9 @@ from kernel_attention.registry import Param
 
 __all__ = ["FusedBackend"]
 
-#: Elements of one blocked-path block on CUDA (see :meth:`FusedBackend._rows`).
-CUDA_BLOCK_ELEMENTS = 1 << 25
+#: Elements of one blocked-path block on CUDA, and on the CPU for ``product`` positions shared by the
+#: batch (see :meth:`FusedBackend._rows`).
+LARGE_BLOCK_ELEMENTS = 1 << 25
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -101,8 +108,12 @@ class FusedBackend(Backend):
     def _rows(self, p: Problem) -> int:
         """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
         small blocks leave it launch-bound: 4x the CPU's budget there (at B=4, H=8, T=4096, 256 rows, a
-        (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense)."""
-        budget = self.block or (CUDA_BLOCK_ELEMENTS if p.q.device.type == "cuda" else BLOCK_ELEMENTS)
+        (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense).  The same larger budget serves
+        ``product`` positions shared by the batch on the CPU: at T=4096 its full filter went from 1.80x
+        to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where ``xl`` gained
+        in one filter and lost in the other, so the CPU default stays for the rest."""
+        large = p.q.device.type == "cuda" or self._shared_positions(p)
+        budget = self.block or (LARGE_BLOCK_ELEMENTS if large else BLOCK_ELEMENTS)
         b, h, tq, tk = p.shape
         return block_rows(b, h, tq, tk, budget)
 
@@ -151,10 +162,21 @@ class FusedBackend(Backend):
         c = shaw_clip(index, tq, tk)
         return c if c is not None and logits.shape[-1] == 2 * c + 1 and tq > 4 * c else None
 
+    def _shared_positions(self, p: Problem) -> bool:
+        """Whether ``product``'s positional features enter as a per-block bias shared by the batch
+        instead of being concatenated: on the CPU, features with batch size 1 for a batch B > 1, no
+        dropout (see the module docstring for the measurement behind the rule)."""
+        t = p.terms
+        return (t is not None and t.q_feat is not None and p.q.device.type == "cpu" and p.dropout_p == 0
+                and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1 and p.shape[0] > 1
+                and _has_form(p))
+
     def _direct(self, p: Problem) -> bool:
         t = p.terms
         if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
                               or t.key_bias is not None):
+            return False
+        if self._shared_positions(p):
             return False
         if not _has_form(p):
             return False
@@ -197,6 +219,10 @@ class FusedBackend(Backend):
             why.append("relative positions add a gathered (rows, Tk) term per block")
         if p.terms is not None and p.terms.bias is not None:
             why.append("a dense float bias is added per block")
+        if self._shared_positions(p):
+            why.append("the positional features are shared by the batch: their (rows, Tk) logits are formed "
+                       "once per block for all of it and added as the mask of the flash kernel, which is "
+                       "cheaper on the CPU than concatenating them to the features (twice the head size)")
         if p.terms is not None and p.terms.value:
             why.append("the relative value term needs the weights, formed explicitly per block")
         if p.keep is not None and not self._direct_mask(p)[0]:
@@ -212,7 +238,7 @@ class FusedBackend(Backend):
     # ---- running --------------------------------------------------------------------------------
     def run(self, p: Problem):
         q, v, t = p.q, p.v, p.terms
-        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias)
+        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, positions=not self._shared_positions(p))
         if self._flex_path(p):
             from kernel_attention.backends.flex import flex_smoother
 
@@ -263,7 +289,7 @@ class FusedBackend(Backend):
             i = slot(key_bias, "keys")
             pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
         if t is not None:
-            if t.q_feat is not None and qf is None:  # not concatenated to features: a per-block product
+            if t.q_feat is not None and (qf is None or self._shared_positions(p)):  # a per-block product
                 iqf, ikf = slot(t.q_feat, "rows"), slot(t.k_feat, "cols")
                 pieces.append(lambda r, c, ex: torch.matmul(ex[iqf][..., r, :], ex[ikf][..., c, :].transpose(-1, -2)))
             if t.key_bias is not None:
@@ -313,15 +339,16 @@ class FusedBackend(Backend):
         return chunked_smoother(spec, qf, kf, v, *extras)
 
 
-def sdpa_features(p: Problem, key_bias: str = "features"):
+def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True):
     """(q', k', scale, key bias or None) with log k = scale · <q', k'> + key bias (+ per-row constants),
-    the positional features of ``product`` concatenated:  [q'; q_feat / scale] · [k'; k_feat] · scale
-    adds <q_feat, k_feat>.  (None, None, 1.0, None) for a kernel without SDPA features."""
+    the positional features of ``product`` concatenated unless ``positions`` is False:
+    [q'; q_feat / scale] · [k'; k_feat] · scale adds <q_feat, k_feat>.  (None, None, 1.0, None) for a
+    kernel without SDPA features."""
     form = p.kernel.sdpa_form(p.q, p.k, key_bias=key_bias)
     if form is None:
         return None, None, 1.0, None
     qf, kf, scale, t = form.q, form.k, form.scale, p.terms
-    if t is not None and t.q_feat is not None:
+    if positions and t is not None and t.q_feat is not None:
         b = p.shape[0]
         qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
         kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
