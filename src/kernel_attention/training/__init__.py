@@ -1,8 +1,9 @@
 """Model-agnostic training machinery.
 
     task.py          Task: the interface a task family implements (build_model, train_batches, loss, evaluate)
-    loop.py          Trainer + TrainConfig: one loop (AdamW/Adam, schedules, clipping, accumulation, AMP,
+    loop.py          Trainer: one loop (AdamW/Adam, schedules, clipping, accumulation, AMP,
                      DDP, evaluation, checkpoints, exact resume, metrics.jsonl, tqdm)
+    config.py        TrainConfig (the ``train:`` section of a config) and seed_everything
     schedules.py     SCHEDULES registry: constant, inverse_sqrt (fairseq), cosine (Transformer-XL)
     checkpoint.py    atomic last.pt / best.pt with RNG states and data position
     distributed.py   torchrun env -> process group (gloo on CPU, nccl on GPU), DDP, rank-0 helpers
@@ -11,7 +12,8 @@
 """
 
 from kernel_attention.training.checkpoint import load_checkpoint, save_checkpoint
-from kernel_attention.training.loop import TrainConfig, Trainer, seed_everything
+from kernel_attention.training.config import TrainConfig, seed_everything
+from kernel_attention.training.loop import Trainer
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task, unwrap
 
