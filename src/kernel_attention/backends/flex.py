@@ -69,7 +69,8 @@ def _block_mask(p: Problem, create_block_mask):
     T = 4096, more than the attention itself), so masks of spec filters are kept per (filter, Tq, Tk,
     device): a model's layers and steps share one."""
     b, h, tq, tk = p.shape
-    key = (repr(p.filter), tq, tk, str(p.q.device)) if p.key_mask is None and p.filter is not None and p.filter.by_spec else None
+    by_spec = p.key_mask is None and p.filter is not None and p.filter.by_spec
+    key = (repr(p.filter), tq, tk, str(p.q.device)) if by_spec else None
     if key is not None and key in _BLOCK_MASKS:
         return _BLOCK_MASKS[key]
     keep = p.keep
