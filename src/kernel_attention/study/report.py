@@ -18,7 +18,7 @@ from typing import Any
 from kernel_attention.data.protocols import mean_std, select_best
 from kernel_attention.study.core import Study, TableSpec
 
-__all__ = ["write_csv", "summarize_cell", "render_tables", "CSV_FIELDS"]
+__all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "CSV_FIELDS"]
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
               "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error"]
@@ -32,6 +32,27 @@ def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
         for r in results:
             w.writerow({**r, "study": study.name, "error": (r.get("error") or "")[:300]})
     return path
+
+
+_FLOATS = ("valid", "test", "final_valid", "final_test", "wall_s", "unit_factor", "test_scaled")
+_INTS = ("seed", "best_step", "steps")
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    """The result records of a runs.csv written by :func:`write_csv`, typed as the runner keeps them
+    (floats, ints; empty fields absent), so that :func:`render_tables` renders them again."""
+    records = []
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            r = {k: v for k, v in row.items() if v != ""}
+            for k in _FLOATS:
+                if k in r:
+                    r[k] = float(r[k])
+            for k in _INTS:
+                if k in r:
+                    r[k] = int(float(r[k]))
+            records.append(r)
+    return records
 
 
 def _ok(r: dict) -> bool:
