@@ -106,6 +106,13 @@ def test_product_positions_concatenated_or_shared_by_the_batch(kernel):
         why = explain(q, k, v, kernel, filt, key_mask=km, terms=terms, backend="fused").reasons["fused"]
         assert ("shared by the batch" in why) == (b > 1)
         assert ("concatenated positional features" in why) == (b == 1)
+    # the concatenated form on request, for B > 1 too (how the benchmark compares the two)
+    _close(_run("fused:shared_positions=false", kernel, "product", "causal"), _run("dense", kernel, "product", "causal"))
+    q, k, v = _inputs(23, 23)
+    terms = make_position("product", d_model=H * D, n_heads=H, d_head=D).to(DT).terms(
+        q, k, *default_positions(23, 23, "cpu", True))
+    why = explain(q, k, v, kernel, None, terms=terms, backend="fused:shared_positions=false").reasons["fused"]
+    assert "concatenated positional features" in why
 
 
 def test_fused_shaw_relative_values():

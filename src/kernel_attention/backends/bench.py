@@ -9,10 +9,10 @@ On CPU each cell runs in a fresh subprocess (``python -m kernel_attention.backen
 so that its peak memory is the growth of the process's maximum resident set (``ru_maxrss``) during one
 forward+backward pass, measured before the timed repeats.  On CUDA the cells share one process: the
 peak is the allocator's ``max_memory_allocated`` above the inputs, reset per cell.  Times are the
-minimum over ``--repeats`` runs after one warm-up.  Ratios are to SDPA with the exponential kernel timed *in the same process,
-interleaved with the cell* (so that a change of load on a shared machine hits both alike): plain SDPA
-for the full filter, ``is_causal`` SDPA for causal filters, SDPA with the bool mask for other filters.
-The SDPA rows of the table are separate cells, for reference.
+minimum over ``--repeats`` runs after one warm-up.  Ratios are to SDPA with the exponential kernel
+timed *in the same process, interleaved with the cell* (so that a change of load on a shared machine
+hits both alike): plain SDPA for the full filter, ``is_causal`` SDPA for causal filters, SDPA with the
+bool mask for other filters.  The SDPA rows of the table are separate cells, for reference.
 """
 
 from __future__ import annotations

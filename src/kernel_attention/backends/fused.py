@@ -25,7 +25,7 @@ Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
   double the head size of every product of the flash kernel, whose CPU version also pads v to that
   size (about 2x SDPA); as a (1, H, rows, Tk) bias formed once per block for the whole batch and
   passed as the flash kernel's mask it costs about 1.5x (measured, docs/benchmarks.md).  At B = 1
-  the two cost the same and the one-call form is kept.
+  nothing is shared and the one-call form is kept; ``fused:shared_positions=false`` asks for it always.
 
 On CUDA the same decomposition can run on FlexAttention (:mod:`kernel_attention.backends.flex`) where
 it is faster; the SDPA paths stay the fallback and the only path on CPU.
@@ -95,6 +95,8 @@ class _KeyBiasSDPA(torch.autograd.Function):
           doc="elements of one (B, H, rows, Tk) block on the blocked path (default: 2^23 on CPU, 2^25 on CUDA)"),
     Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
     Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
+    Param("shared_positions", bool, True,
+          doc="on CPU, product positions shared by a batch of B > 1 as a per-block mask instead of concatenated features"),
 ])
 class FusedBackend(Backend):
     """Positive kernels on ``scaled_dot_product_attention`` (see the module docstring)."""
@@ -102,17 +104,19 @@ class FusedBackend(Backend):
     name = "fused"
 
     def __init__(self, key_bias: str = "features", block: int | None = None, flex: bool = True,
-                 banded: bool = True):
+                 banded: bool = True, shared_positions: bool = True):
         self.key_bias, self.block, self.flex, self.banded = key_bias, block, flex, banded
+        self.shared_positions = shared_positions
 
-    def _rows(self, p: Problem) -> int:
+    def _rows(self, p: Problem, shared: bool) -> int:
         """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
         small blocks leave it launch-bound: 4x the CPU's budget there (at B=4, H=8, T=4096, 256 rows, a
         (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense).  The same larger budget serves
         ``product`` positions shared by the batch on the CPU: at T=4096 its full filter went from 1.80x
         to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where ``xl`` gained
-        in one filter and lost in the other, so the CPU default stays for the rest."""
-        large = p.q.device.type == "cuda" or self._shared_positions(p)
+        in one filter and lost in the other, so the CPU default stays for the rest.  ``shared``: whether
+        ``p`` runs in that form (:meth:`_shared_positions`)."""
+        large = p.q.device.type == "cuda" or shared
         budget = self.block or (LARGE_BLOCK_ELEMENTS if large else BLOCK_ELEMENTS)
         b, h, tq, tk = p.shape
         return block_rows(b, h, tq, tk, budget)
@@ -165,9 +169,10 @@ class FusedBackend(Backend):
     def _shared_positions(self, p: Problem) -> bool:
         """Whether ``product``'s positional features enter as a per-block bias shared by the batch
         instead of being concatenated: on the CPU, features with batch size 1 for a batch B > 1, no
-        dropout (see the module docstring for the measurement behind the rule)."""
+        dropout, unless ``shared_positions=false`` (the module docstring says why)."""
         t = p.terms
-        return (t is not None and t.q_feat is not None and p.q.device.type == "cpu" and p.dropout_p == 0
+        return (self.shared_positions and t is not None and t.q_feat is not None and p.q.device.type == "cpu"
+                and p.dropout_p == 0
                 and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1 and p.shape[0] > 1
                 and _has_form(p))
 
@@ -208,7 +213,7 @@ class FusedBackend(Backend):
             return (f"fused: shaw clipped at {c}: keys farther than {c} (one bias per row) as {far}, the keys "
                     f"within {c - 1} formed explicitly, merged by log-sum-exp")
         b, h, tq, tk = p.shape
-        rows = self._rows(p)
+        rows = self._rows(p, self._shared_positions(p))
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
         kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
         density = float(p.keep.float().mean()) if p.keep is not None else 1.0
@@ -238,7 +243,8 @@ class FusedBackend(Backend):
     # ---- running --------------------------------------------------------------------------------
     def run(self, p: Problem):
         q, v, t = p.q, p.v, p.terms
-        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, positions=not self._shared_positions(p))
+        shared = self._shared_positions(p)
+        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, positions=not shared)
         if self._flex_path(p):
             from kernel_attention.backends.flex import flex_smoother
 
@@ -258,12 +264,13 @@ class FusedBackend(Backend):
                 return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
             if p.dropout_p == 0.0 and q.device.type == "cpu":
                 return _KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
-        return self._blocked(p, qf, kf, scale, key_bias), None
+        return self._blocked(p, qf, kf, scale, key_bias, shared), None
 
-    def _blocked(self, p: Problem, qf, kf, scale, key_bias):
+    def _blocked(self, p: Problem, qf, kf, scale, key_bias, shared: bool):
+        """``shared``: ``product``'s features are not in qf / kf (:meth:`_shared_positions`)."""
         q, k, v, kern, t = p.q, p.k, p.v, p.kernel, p.terms
         b, h, tq, tk = p.shape
-        keep, blocks = plan_blocks(p.keep, tq, tk, self._rows(p))
+        keep, blocks = plan_blocks(p.keep, tq, tk, self._rows(p, shared))
         extras: list = []
         axes: list = []
         pieces = []  # callables (rows, cols, ex) -> additive term
@@ -289,7 +296,7 @@ class FusedBackend(Backend):
             i = slot(key_bias, "keys")
             pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
         if t is not None:
-            if t.q_feat is not None and (qf is None or self._shared_positions(p)):  # a per-block product
+            if t.q_feat is not None and (qf is None or shared):  # not in the features: a per-block product
                 iqf, ikf = slot(t.q_feat, "rows"), slot(t.k_feat, "cols")
                 pieces.append(lambda r, c, ex: torch.matmul(ex[iqf][..., r, :], ex[ikf][..., c, :].transpose(-1, -2)))
             if t.key_bias is not None:
