@@ -50,6 +50,19 @@ def test_resume_is_exact(tmp_path):
     assert best["step"] == min(valid, key=lambda r: r["loss"])["step"] == full["best"]["step"]
 
 
+def test_run_killed_before_its_first_checkpoint_starts_over_with_a_clean_log(tmp_path):
+    """No last.pt yet: the next run starts at step 0, and the killed run's records are dropped,
+    so the log holds one run (not a second curve appended to the first)."""
+    full = Trainer(ToyTask(reg=True), _cfg(), tmp_path / "full").fit()
+    killed = Trainer(ToyTask(reg=True), _cfg(stop_after=3), tmp_path / "part").fit()
+    assert killed["interrupted"] and not (tmp_path / "part" / "last.pt").exists()
+    assert [r["step"] for r in _records(tmp_path / "part") if r["split"] == "train"] == [1, 2, 3]
+    again = Trainer(ToyTask(reg=True), _cfg(), tmp_path / "part")
+    assert again.resumed_from is None
+    assert again.fit()["best"] == full["best"]
+    assert _records(tmp_path / "part") == _records(tmp_path / "full")
+
+
 def test_finished_run_is_not_repeated(tmp_path):
     Trainer(ToyTask(), _cfg(max_steps=3, eval_every=0, checkpoint_every=0), tmp_path).fit()
     n = len(_records(tmp_path))

@@ -108,6 +108,9 @@ class Trainer:
         self.resumed_from: int | None = None
         if resume and (self.run_dir / "last.pt").is_file():
             self._restore(load_checkpoint(self.run_dir / "last.pt", map_location=self.device))
+        elif self.is_main:
+            # A run killed before its first checkpoint starts again from step 0: its records go too.
+            self._truncate_metrics(0)
         self.model = D.wrap_model(self.raw_model, self.device)
         self._writer = None
         self._last_eval: tuple[int, dict] | None = None
