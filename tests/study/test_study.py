@@ -42,6 +42,22 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     assert (cells[1] / "result.json").stat().st_mtime_ns == mtimes[cells[1].name]
 
 
+def test_collect_only_keeps_the_machine_and_command_the_cells_ran_with(tmp_path):
+    """Cells run on one machine (a GPU node, say) and collected on another: the table names the
+    machine and command recorded when they ran, not the collecting host."""
+    out = tmp_path / "studies"
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, command="run-cmd", log=lambda m: None)
+    meta = out / "synthetic-smoke" / "study.json"
+    recorded = json.loads(meta.read_text())
+    recorded["machine"] = "x86_64 16 CPU cores, Linux, torch 2.11.0+cu130, 2 thread(s), GPU NVIDIA H100 80GB HBM3"
+    meta.write_text(json.dumps(recorded))
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, log=lambda m: None, run=False,
+            figures=False)
+    table = (out / "synthetic-smoke" / "table.md").read_text()
+    assert "GPU NVIDIA H100 80GB HBM3" in table and "`run-cmd`" in table
+    assert json.loads(meta.read_text())["machine"] == recorded["machine"]
+
+
 def test_protocols():
     t = TableSpec("t", "t", "bleu", True, [("a", "a")], [("c", "c")], {})
     runs = [{"seed": 1, "status": "ok", "valid": 10.0, "test": 30.0},

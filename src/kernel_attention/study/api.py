@@ -15,10 +15,13 @@ __all__ = ["execute", "machine"]
 
 
 def machine() -> str:
+    """This machine as a table's wall-time line names it; with the GPU the cells run on, if any
+    (training picks ``cuda`` whenever it is available)."""
     import os
     import torch
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (f"{platform.machine()} {os.cpu_count()} CPU cores, {platform.system()}, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} thread(s)")
+            f"{torch.get_num_threads()} thread(s){gpu}")
 
 
 def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
@@ -29,14 +32,19 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     sdir = out / study.name
     sdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    if not run and not command and (sdir / "study.json").is_file():
-        command = json.loads((sdir / "study.json").read_text()).get("command", "")
+    host = machine()
+    if not run and (sdir / "study.json").is_file():
+        # Collecting only: the command and machine are those of the invocation that ran the cells
+        # (they may have run elsewhere, e.g. on a GPU machine, and been copied here).
+        recorded = json.loads((sdir / "study.json").read_text())
+        command = command or recorded.get("command", "")
+        host = recorded.get("machine", host)
     cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log, run=run)
     for line in shrink:
         log(f"  {options.scale} scale: {line}")
     csv_path = write_csv(sdir / "runs.csv", study, results)
     wall = sum(float(r.get("wall_s") or 0) for r in results)
-    text = render_tables(study, results, shrink, options.scale, command, wall, machine())
+    text = render_tables(study, results, shrink, options.scale, command, wall, host)
     (sdir / "table.md").write_text(text)
     figs: list[str] = []
     if figures and study.figures is not None and results:
@@ -47,7 +55,7 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     (sdir / "study.json").write_text(json.dumps({"study": name, "scale": options.scale, "command": command,
                                                  "shrink": shrink, "cells": len(cells), "finished": len(results),
                                                  "cell_wall_s": wall, "this_invocation_s": time.time() - t0,
-                                                 "machine": machine(), "figures": figs}, indent=1))
+                                                 "machine": host, "figures": figs}, indent=1))
     log(f"wrote {csv_path}, {sdir / 'table.md'}" + (f", {len(figs)} figure(s) in {sdir / 'figures'}" if figs else ""))
     return {"dir": sdir, "csv": csv_path, "table": sdir / "table.md", "figures": figs, "results": results,
             "wall_s": wall}
