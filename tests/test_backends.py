@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kernel_attention as ka
-from kernel_attention.backends import BACKENDS, BackendError
+from kernel_attention.backends import BACKENDS, BackendError, choose
 from kernel_attention.functional import attention, explain
 from kernel_attention.positions import default_positions, make_position
 from kernel_attention.registry import SpecError
@@ -210,6 +210,41 @@ def test_auto_picks_the_expected_backend():
     assert name == "fused" and set(reasons) == set(BACKENDS.names())
 
 
+def _problem(kernel, position="none", mask=None, t=23, b=B, dropout_p=0.0):
+    from kernel_attention.functional import build_problem
+
+    pos = make_position(position, d_model=H * D, n_heads=H, d_head=D).to(DT)
+    kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(DT).eval()
+    q, k, v = _inputs(t, t, b=b)
+    pq, pk = default_positions(t, t, "cpu", True)
+    return build_problem(q, k, v, kern, mask, terms=pos.terms(q, k, pq, pk), dropout_p=dropout_p)
+
+
+def test_auto_prefers_dense_over_the_blocked_path_on_cuda_where_measured():
+    """The CUDA rule (FusedBackend.dense_preferred), checked on CPU problems with the device overridden:
+    blocked-only problems that were measured (no SDPA features, xl factors; full / causal / padding)
+    within the element budget go to dense; one-call, Shaw, product, sparse filters and larger problems
+    do not.  On the CPU itself nothing changes (fused keeps them)."""
+    from kernel_attention.backends.fused import DENSE_ON_CUDA_ELEMENTS, FusedBackend
+
+    fused = FusedBackend()
+    for kernel, position, mask in (("ikas", "none", None), ("rbf-only", "none", "causal"),
+                                   ("exp", "xl", "causal"), ("rbf", "xl", None), ("ikan-direct", "none", None)):
+        p = _problem(kernel, position, mask)
+        why = fused.dense_preferred(p, device="cuda")
+        assert why is not None and "blocked path" in why, (kernel, position, mask)
+        assert fused.dense_preferred(p) is None  # this is a CPU problem
+        assert choose(p).name == "fused"
+    for kernel, position, mask in (("exp", "none", None), ("rbf", "none", "causal"), ("exp", "shaw", None),
+                                   ("exp", "product", None), ("ikas", "none", "local:window=4"),
+                                   ("exp", "xl", "local:window=4")):
+        assert fused.dense_preferred(_problem(kernel, position, mask), device="cuda") is None, (kernel, position, mask)
+    # the element budget: B·H·T² above it keeps the blocked path's memory
+    t_max = int((DENSE_ON_CUDA_ELEMENTS // (B * H)) ** 0.5)
+    assert fused.dense_preferred(_problem("ikas", t=t_max), device="cuda") is not None
+    assert fused.dense_preferred(_problem("ikas", t=t_max + 1), device="cuda") is None
+
+
 def test_unsupported_backend_requests_fail_clearly():
     q, k, v = _inputs(23, 23)
     with pytest.raises(BackendError, match="direct"):
@@ -253,6 +288,12 @@ def test_gpu_backends_agree():
         for a, b in zip(g, g_ref):
             torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
     assert "FlexAttention" in explain(q, k, v, "exp", "local:window=8").reasons["fused"]
+    # blocked-only kernels go to dense on CUDA while dense is small (FusedBackend.dense_preferred),
+    # and attention() runs the backend that explain names
+    c = explain(q, k, v, "rbf-only", "causal")
+    assert c.name == "dense" and "launch-bound" in c.reasons["dense"]
+    torch.testing.assert_close(attention(q, k, v, "rbf-only", "causal"),
+                               attention(q, k, v, "rbf-only", "causal", backend="dense"), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("kernel", ["ikan-direct", "mikan"])

@@ -3,7 +3,9 @@ r"""Choosing a backend, and saying why.
 ``auto`` tries, in order:
 
 1. ``dense`` when the weights are asked for (only it forms them);
-2. ``fused`` for every positive kernel (soft-max of log k);
+2. ``fused`` for every positive kernel (soft-max of log k), except on CUDA where its blocked path
+   was measured slower than dense and dense's tensors are small enough
+   (:meth:`~kernel_attention.backends.fused.FusedBackend.dense_preferred`);
 3. ``linear`` for kernels with a finite feature map once the keys are at least
    :func:`linear_crossover` (below it the quadratic form is faster on CPU);
 4. ``dense`` otherwise -- the fall-back, with the reasons the others gave.
@@ -90,7 +92,7 @@ def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
 
     if not explain and not p.need_weights:  # attention(): the first that runs, no reasons gathered
         fused = resolve_backend("fused")
-        if fused.why_not(p) is None:
+        if fused.why_not(p) is None and fused.dense_preferred(p) is None:
             return Choice("fused", fused, {})
     cands = {n: resolve_backend(n) for n in names}
     why = {n: b.why_not(p) for n, b in cands.items()}
@@ -100,7 +102,10 @@ def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
         chosen = "dense"
         reasons["dense"] = "chosen: need_weights=True and only dense forms the weights"
     elif why["fused"] is None:
-        chosen = "fused"
+        prefer = cands["fused"].dense_preferred(p)
+        chosen = "fused" if prefer is None else "dense"
+        if prefer is not None:
+            reasons["dense"] = "chosen: " + prefer
     elif why["linear"] is None:
         from kernel_attention.backends.linear import feature_size
 

@@ -49,6 +49,10 @@ __all__ = ["FusedBackend"]
 #: batch (see :meth:`FusedBackend._rows`).
 LARGE_BLOCK_ELEMENTS = 1 << 25
 
+#: Up to this many (B, H, Tq, Tk) elements ``auto`` runs the blocked-only problems on dense on CUDA
+#: (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of dense's peak in bf16.
+DENSE_ON_CUDA_ELEMENTS = 1 << 27
+
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -131,6 +135,34 @@ class FusedBackend(Backend):
             return (f"kernel {p.kernel.name!r} applies dropout to its (Tq, Tk) magnitude logits in training, "
                     f"which blocks cannot redraw identically")
         return None
+
+    def dense_preferred(self, p: Problem, device: str | None = None) -> str | None:
+        """Why ``auto`` should run ``p`` on ``dense`` although this backend can, or None.
+
+        On CUDA the blocked path is launch-bound.  Measured on an H100 in bf16 (docs/benchmarks.md, GPU;
+        B=4, H=8, D=64, two runs), dense ran ``xl``, ``ikas`` and ``rbf-only`` 2-3x faster at T=1024 (at 3x
+        the blocked path's memory) and 0.9-2x as fast at T=4096 (at 10x).  So for what was measured -- a
+        kernel with no SDPA features (the implicit kernels, ``rbf-only``) or Transformer-XL's relative
+        factors, under a full, causal or padding filter -- dense is preferred while its (B, H, Tq, Tk)
+        tensors have at most ``DENSE_ON_CUDA_ELEMENTS`` elements; above that, the blocked path's memory
+        is.  Shaw's table is left out: dense's backward scatter-adds into the table (26x slower than
+        FlexAttention at T=4096).  ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
+        if (device or p.q.device.type) != "cuda" or p.need_weights:
+            return None
+        t = p.terms
+        factors = t is not None and bool(t.relative_factors)
+        if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
+            return None
+        if not (factors or not _has_form(p)) or not self._direct_mask(p)[0]:
+            return None
+        b, h, tq, tk = p.shape
+        n = b * h * tq * tk
+        if n > DENSE_ON_CUDA_ELEMENTS:
+            return None
+        what = "Transformer-XL's relative factors" if factors else f"kernel {p.kernel.name!r} has no SDPA features"
+        return (f"on CUDA, fused would run its blocked path ({what}), which is launch-bound there; dense was "
+                f"faster where measured and its (B, H, Tq, Tk) tensors have {n} elements (at most "
+                f"{DENSE_ON_CUDA_ELEMENTS}); pass backend='fused' for the blocked path's smaller memory")
 
     # ---- planning -------------------------------------------------------------------------------
     def _direct_mask(self, p: Problem):
