@@ -223,24 +223,24 @@ def _problem(kernel, position="none", mask=None, t=23, b=B, dropout_p=0.0):
 def test_auto_prefers_dense_over_the_blocked_path_on_cuda_where_measured():
     """The CUDA rule (FusedBackend.dense_preferred), checked on CPU problems with the device overridden:
     blocked-only problems that were measured (no SDPA features, xl factors; full / causal / padding)
-    within the element budget go to dense; one-call, Shaw, product, sparse filters and larger problems
-    do not.  On the CPU itself nothing changes (fused keeps them)."""
-    from kernel_attention.backends.fused import DENSE_ON_CUDA_ELEMENTS, FusedBackend
+    within the element budget go to dense; one-call forms, Shaw, product, sparse filters and larger
+    problems do not.  On the CPU itself nothing changes (fused keeps them)."""
+    from kernel_attention.backends.fused import DENSE_PREFERRED_ELEMENTS, FusedBackend
 
     fused = FusedBackend()
-    for kernel, position, mask in (("ikas", "none", None), ("rbf-only", "none", "causal"),
-                                   ("exp", "xl", "causal"), ("rbf", "xl", None), ("ikan-direct", "none", None)):
+    for kernel, position, mask in (("ikas", "none", None), ("ikan-direct", "none", "causal"),
+                                   ("rbf-only", "none", "causal"), ("exp", "xl", "causal"), ("rbf", "xl", None)):
         p = _problem(kernel, position, mask)
         why = fused.dense_preferred(p, device="cuda")
         assert why is not None and "blocked path" in why, (kernel, position, mask)
         assert fused.dense_preferred(p) is None  # this is a CPU problem
-        assert choose(p).name == "fused"
+        assert choose(p).name == choose(p, explain=False).name == "fused"
     for kernel, position, mask in (("exp", "none", None), ("rbf", "none", "causal"), ("exp", "shaw", None),
                                    ("exp", "product", None), ("ikas", "none", "local:window=4"),
                                    ("exp", "xl", "local:window=4")):
         assert fused.dense_preferred(_problem(kernel, position, mask), device="cuda") is None, (kernel, position, mask)
     # the element budget: B·H·T² above it keeps the blocked path's memory
-    t_max = int((DENSE_ON_CUDA_ELEMENTS // (B * H)) ** 0.5)
+    t_max = int((DENSE_PREFERRED_ELEMENTS // (B * H)) ** 0.5)
     assert fused.dense_preferred(_problem("ikas", t=t_max), device="cuda") is not None
     assert fused.dense_preferred(_problem("ikas", t=t_max + 1), device="cuda") is None
 

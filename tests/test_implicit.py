@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernel_attention as ka
-from kernel_attention.implicit import IKASKernel, ImplicitKernel, regularization, share_spectral
+from kernel_attention.implicit import IKASKernel, regularization, share_spectral
 from kernel_attention.registry import SpecError
 from kernel_attention.spectral import gaussian_kl
 

@@ -13,7 +13,7 @@ from kernel_attention.study.report import summarize_cell
 def test_smoke_study_end_to_end_and_resume(tmp_path):
     out = tmp_path / "studies"
     logs = []
-    res = execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, command="test", log=logs.append)
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, command="test", log=logs.append)
     sdir = out / "synthetic-smoke"
     rows = list(csv.DictReader((sdir / "runs.csv").open()))
     assert sorted(r["row"] for r in rows) == ["exp", "rbf"]

@@ -49,9 +49,10 @@ __all__ = ["FusedBackend"]
 #: batch (see :meth:`FusedBackend._rows`).
 LARGE_BLOCK_ELEMENTS = 1 << 25
 
-#: Up to this many (B, H, Tq, Tk) elements ``auto`` runs the blocked-only problems on dense on CUDA
-#: (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of dense's peak in bf16.
-DENSE_ON_CUDA_ELEMENTS = 1 << 27
+#: Up to this many (B, H, Tq, Tk) elements ``auto`` runs on dense, on CUDA, what the blocked path was
+#: measured slower at (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of
+#: dense's peak in bf16.
+DENSE_PREFERRED_ELEMENTS = 1 << 27
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -144,9 +145,12 @@ class FusedBackend(Backend):
         the blocked path's memory) and 0.9-2x as fast at T=4096 (at 10x).  So for what was measured -- a
         kernel with no SDPA features (the implicit kernels, ``rbf-only``) or Transformer-XL's relative
         factors, under a full, causal or padding filter -- dense is preferred while its (B, H, Tq, Tk)
-        tensors have at most ``DENSE_ON_CUDA_ELEMENTS`` elements; above that, the blocked path's memory
-        is.  Shaw's table is left out: dense's backward scatter-adds into the table (26x slower than
-        FlexAttention at T=4096).  ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
+        tensors have at most ``DENSE_PREFERRED_ELEMENTS`` elements; above that, the blocked path's
+        memory is.  Shaw's table is left out: dense's backward scatter-adds into the table (26x slower
+        than FlexAttention at T=4096).  On the CPU there is no such rule: the blocked path is faster
+        for ``xl`` and ``rbf-only``, and for the implicit kernels the two trade places with the size
+        and filter (causal: blocked 2x faster from T=512; full: dense 1.2-1.5x faster at most sizes).
+        ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
         if (device or p.q.device.type) != "cuda" or p.need_weights:
             return None
         t = p.terms
@@ -157,12 +161,12 @@ class FusedBackend(Backend):
             return None
         b, h, tq, tk = p.shape
         n = b * h * tq * tk
-        if n > DENSE_ON_CUDA_ELEMENTS:
+        if n > DENSE_PREFERRED_ELEMENTS:
             return None
         what = "Transformer-XL's relative factors" if factors else f"kernel {p.kernel.name!r} has no SDPA features"
         return (f"on CUDA, fused would run its blocked path ({what}), which is launch-bound there; dense was "
                 f"faster where measured and its (B, H, Tq, Tk) tensors have {n} elements (at most "
-                f"{DENSE_ON_CUDA_ELEMENTS}); pass backend='fused' for the blocked path's smaller memory")
+                f"{DENSE_PREFERRED_ELEMENTS}); pass backend='fused' for the blocked path's smaller memory")
 
     # ---- planning -------------------------------------------------------------------------------
     def _direct_mask(self, p: Problem):
