@@ -210,14 +210,15 @@ def test_auto_picks_the_expected_backend():
     assert name == "fused" and set(reasons) == set(BACKENDS.names())
 
 
-def _problem(kernel, position="none", mask=None, t=23, b=B, dropout_p=0.0):
+def _problem(kernel, position="none", mask=None, t=23):
+    """The backend Problem of one self-attention call (for dispatch rules that take a Problem)."""
     from kernel_attention.functional import build_problem
 
     pos = make_position(position, d_model=H * D, n_heads=H, d_head=D).to(DT)
     kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(DT).eval()
-    q, k, v = _inputs(t, t, b=b)
+    q, k, v = _inputs(t, t)
     pq, pk = default_positions(t, t, "cpu", True)
-    return build_problem(q, k, v, kern, mask, terms=pos.terms(q, k, pq, pk), dropout_p=dropout_p)
+    return build_problem(q, k, v, kern, mask, terms=pos.terms(q, k, pq, pk))
 
 
 def test_auto_prefers_dense_over_the_blocked_path_on_cuda_where_measured():
