@@ -144,3 +144,44 @@ def test_amortised_implicit_kernel_refuses_a_filter_it_would_leak_through():
     ka.KernelAttention(8, 2, kernel="ikan:amortized=false", filter="causal")
     ka.KernelAttention(8, 2, kernel="ikan", filter="padding")
     ka.KernelAttention(8, 2, kernel="ikan-direct", filter="causal")  # no amortisation, nothing leaks
+
+
+def test_broadcast_check_agrees_with_torch():
+    from kernel_attention.functional import _broadcasts
+
+    target = (2, 3, 5, 7)
+    for shape in [(), (7,), (5, 7), (1, 7), (5, 1), (3, 1, 1), (2, 1, 5, 7), (2, 3, 5, 7), (6, 7), (5, 6),
+                  (3, 5, 6), (4, 3, 5, 7), (2, 2, 5, 7), (1, 1, 1, 1)]:
+        try:
+            torch.broadcast_shapes(shape, target)
+            expected = True
+        except RuntimeError:
+            expected = False
+        assert _broadcasts(shape, target) == expected, shape
+    assert not _broadcasts((1, 1, 1, 1, 1), target)  # more dims than (B, H, Tq, Tk)
+
+
+def test_specs_and_filter_masks_are_kept_between_calls():
+    """Kernels without parameters, filters and the masks of spec filters are built once per spec
+    (and per Tq, Tk, device for masks); a call-time key mask or a mask tensor is never kept."""
+    from kernel_attention import functional as fn
+
+    q, k, v = _qkv()
+    a = fn.build_problem(q, k, v, "rbf", "causal&local:window=2")
+    b = fn.build_problem(q, k, v, "rbf", "causal&local:window=2")
+    assert a.kernel is b.kernel and a.filter is b.filter and a.keep is b.keep
+    torch.testing.assert_close(a.keep, ka.make_filter("causal&local:window=2").mask(3, 5))
+    assert fn.build_problem(q[:, :, :2], k, v, "rbf", "causal&local:window=2").keep.shape == (2, 5)
+    for w in (1, 3):  # the key holds the filter's parameters
+        torch.testing.assert_close(fn.build_problem(q, k, v, "rbf", f"causal&local:window={w}").keep,
+                                   ka.make_filter(f"causal&local:window={w}").mask(3, 5))
+    km = torch.ones(2, 5, dtype=torch.bool)
+    km[1, 3:] = False
+    c = fn.build_problem(q, k, v, "exp", "padding", key_mask=km)
+    d = fn.build_problem(q, k, v, "exp", "padding", key_mask=~km)
+    assert not torch.equal(c.keep, d.keep)
+    kern = ka.make_kernel("exp")
+    assert fn.build_problem(q, k, v, kern).kernel is kern
+    out = ka.attention(q, k, v, "rbf", "causal&local:window=2", backend="dense")
+    ref = ka.attention(q, k, v, ka.make_kernel("rbf"), ka.make_filter("causal&local:window=2"), backend="dense")
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)

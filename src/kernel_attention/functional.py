@@ -11,18 +11,69 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 import torch
 from torch import Tensor
 
 from kernel_attention.filters import Filter, make_filter
 from kernel_attention.kernels import Kernel, make_kernel
-from kernel_attention.smoother import PositionalTerms, dense_smoother
+from kernel_attention.smoother import PositionalTerms
 
 __all__ = ["attention", "explain", "choose_backend", "build_problem", "resolve_mask", "validation",
            "check_inputs"]
 
 _VALIDATE = True
+
+#: What a string spec alone determines, kept between calls (the functional API is called per layer and
+#: step with the same specs, and building these cost more than a small attention call): filters,
+#: kernels without parameters or buffers, and the (Tq, Tk) masks of filters that need no call-time
+#: key mask (:attr:`Filter.by_spec`), up to ``_MASK_ELEMENTS`` elements each.
+_SPECS: dict = {}
+_MASKS: dict = {}
+_CACHE_ENTRIES = 64
+_MASK_ELEMENTS = 1 << 22
+
+
+def _kernel(spec) -> Kernel:
+    if not isinstance(spec, str):
+        return make_kernel(spec)
+    kern = _SPECS.get(("kernel", spec))
+    if kern is None:
+        kern = make_kernel(spec)
+        stateless = next(iter(kern.parameters()), None) is None and next(iter(kern.buffers()), None) is None
+        if stateless and len(_SPECS) < _CACHE_ENTRIES:
+            _SPECS[("kernel", spec)] = kern
+    return kern
+
+
+def _filter(spec) -> Filter:
+    if not isinstance(spec, str):
+        return make_filter(spec)
+    filt = _SPECS.get(("filter", spec))
+    if filt is None:
+        filt = make_filter(spec)
+        if len(_SPECS) < _CACHE_ENTRIES:
+            _SPECS[("filter", spec)] = filt
+    return filt
+
+
+def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None) -> Tensor:
+    """``filt.mask``, kept per (filter, Tq, Tk, device) when it is a function of those alone."""
+    if key_mask is not None or not filt.by_spec or tq * tk > _MASK_ELEMENTS:
+        return filt.mask(tq, tk, device, key_mask)
+    key = (repr(filt), tq, tk, str(device))
+    keep = _MASKS.get(key)
+    if keep is None:
+        if len(_MASKS) >= _CACHE_ENTRIES:
+            _MASKS.pop(next(iter(_MASKS)))  # the oldest
+        keep = _MASKS[key] = filt.mask(tq, tk, device)
+    return keep
+
+
+def _broadcasts(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` (``torch.broadcast_shapes`` costs ~0.1 ms a call)."""
+    return len(shape) <= len(target) and all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
 
 
 @contextlib.contextmanager
@@ -55,11 +106,12 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if finite:
-        # One reduction per input and one read of the three results (a single device sync on GPU): a
-        # NaN or inf makes a sum non-finite; a non-finite sum is re-checked elementwise to name the
-        # input (a finite sum that overflows is not an error).
-        sums = torch.stack([x.detach().sum(dtype=torch.float32) for x in (q, k, v)])
-        if not bool(torch.isfinite(sums).all()):
+        # One reduction per input and one read of their total (a single device sync on GPU): a NaN or
+        # inf makes the total non-finite (inf - inf is NaN); a non-finite total is re-checked
+        # elementwise to name the input (a finite sum that overflows is not an error).
+        with torch.no_grad():
+            total = q.sum(dtype=torch.float32) + k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)
+        if not math.isfinite(float(total)):
             for name, x in (("q", q), ("k", k), ("v", v)):
                 if not torch.isfinite(x).all():
                     raise ValueError(f"{name} contains NaN or inf values")
@@ -78,28 +130,26 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
             raise TypeError(f"mask must be bool (True = the key takes part) or float (added to log k), got {mask.dtype}")
         bias, mask = mask, None
     if mask is not None:
-        filt = make_filter(mask)
+        filt = _filter(mask)
     if is_causal:
-        filt = make_filter("causal") if filt is None else filt & make_filter("causal")
+        filt = _filter("causal") if filt is None else filt & _filter("causal")
     if key_mask is not None:
         if key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
             raise ValueError(f"key_mask must be bool of shape (B={b}, Tk={tk}), True = real token; got "
                              f"{tuple(key_mask.shape)} {key_mask.dtype}")
     keep = None
     if filt is not None and not (filt.kind == "full" and key_mask is None):
-        keep = filt.mask(tq, tk, q.device, key_mask)
+        keep = _filter_mask(filt, tq, tk, q.device, key_mask)
     if key_mask is not None and not (filt is not None and filt.needs_key_mask):
         km = key_mask[:, None, None, :]
         keep = km if keep is None else keep & km
     for name, t in (("mask", keep), ("float mask", bias)):
         if t is not None:
-            try:
-                torch.broadcast_shapes(t.shape, (b, h, tq, tk))
-            except RuntimeError:
-                raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Tq, Tk) = "
-                                 f"{(b, h, tq, tk)}") from None
             if t.dim() > 4:
                 raise ValueError(f"{name} has {t.dim()} dims; at most 4 (B, H, Tq, Tk) are accepted")
+            if not _broadcasts(t.shape, (b, h, tq, tk)):
+                raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Tq, Tk) = "
+                                 f"{(b, h, tq, tk)}")
     return keep, bias, filt
 
 
@@ -153,7 +203,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     from kernel_attention.backends import Problem
 
     check_inputs(q, k, v, finite=_VALIDATE)
-    kern = make_kernel(kernel)
+    kern = _kernel(kernel)
     keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal)
     extra = [x for x in (float_mask, bias) if x is not None]
     if extra:
