@@ -28,10 +28,12 @@ _VALIDATE = True
 #: What a string spec alone determines, kept between calls (the functional API is called per layer and
 #: step with the same specs, and building these cost more than a small attention call): filters,
 #: kernels without parameters or buffers, and the (Tq, Tk) masks of filters that need no call-time
-#: key mask (:attr:`Filter.by_spec`), up to ``_MASK_ELEMENTS`` elements each.
+#: key mask (:attr:`Filter.by_spec`): the last ``_MASK_ENTRIES`` of up to ``_MASK_ELEMENTS`` elements
+#: each (64 MB of bool masks at most).
 _SPECS: dict = {}
 _MASKS: dict = {}
 _CACHE_ENTRIES = 64
+_MASK_ENTRIES = 16
 _MASK_ELEMENTS = 1 << 22
 
 
@@ -65,7 +67,7 @@ def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None
     key = (repr(filt), tq, tk, str(device))
     keep = _MASKS.get(key)
     if keep is None:
-        if len(_MASKS) >= _CACHE_ENTRIES:
+        if len(_MASKS) >= _MASK_ENTRIES:
             _MASKS.pop(next(iter(_MASKS)))  # the oldest
         keep = _MASKS[key] = filt.mask(tq, tk, device)
     return keep
