@@ -37,27 +37,20 @@ _MASK_ENTRIES = 16
 _MASK_ELEMENTS = 1 << 22
 
 
-def _kernel(spec) -> Kernel:
+def _from_spec(kind: str, spec, make, keep=lambda obj: True):
+    """``make(spec)``; for a string spec, built once and kept (if ``keep(obj)``)."""
     if not isinstance(spec, str):
-        return make_kernel(spec)
-    kern = _SPECS.get(("kernel", spec))
-    if kern is None:
-        kern = make_kernel(spec)
-        stateless = next(iter(kern.parameters()), None) is None and next(iter(kern.buffers()), None) is None
-        if stateless and len(_SPECS) < _CACHE_ENTRIES:
-            _SPECS[("kernel", spec)] = kern
-    return kern
+        return make(spec)
+    obj = _SPECS.get((kind, spec))
+    if obj is None:
+        obj = make(spec)
+        if keep(obj) and len(_SPECS) < _CACHE_ENTRIES:
+            _SPECS[(kind, spec)] = obj
+    return obj
 
 
-def _filter(spec) -> Filter:
-    if not isinstance(spec, str):
-        return make_filter(spec)
-    filt = _SPECS.get(("filter", spec))
-    if filt is None:
-        filt = make_filter(spec)
-        if len(_SPECS) < _CACHE_ENTRIES:
-            _SPECS[("filter", spec)] = filt
-    return filt
+def _stateless(kern: Kernel) -> bool:
+    return next(iter(kern.parameters()), None) is None and next(iter(kern.buffers()), None) is None
 
 
 def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None) -> Tensor:
@@ -132,9 +125,10 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
             raise TypeError(f"mask must be bool (True = the key takes part) or float (added to log k), got {mask.dtype}")
         bias, mask = mask, None
     if mask is not None:
-        filt = _filter(mask)
+        filt = _from_spec("filter", mask, make_filter)
     if is_causal:
-        filt = _filter("causal") if filt is None else filt & _filter("causal")
+        causal = _from_spec("filter", "causal", make_filter)
+        filt = causal if filt is None else filt & causal
     if key_mask is not None:
         if key_mask.dtype != torch.bool or key_mask.shape != (b, tk):
             raise ValueError(f"key_mask must be bool of shape (B={b}, Tk={tk}), True = real token; got "
@@ -205,7 +199,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     from kernel_attention.backends import Problem
 
     check_inputs(q, k, v, finite=_VALIDATE)
-    kern = _kernel(kernel)
+    kern = _from_spec("kernel", kernel, make_kernel, _stateless)
     keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal)
     extra = [x for x in (float_mask, bias) if x is not None]
     if extra:
