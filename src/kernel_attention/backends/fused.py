@@ -40,6 +40,7 @@ from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float
                                             empty_rows, pad_last, BLOCK_ELEMENTS)
 from kernel_attention.backends.banded import shaw_banded, shaw_clip
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
+from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
 from kernel_attention.registry import Param
 
@@ -53,45 +54,6 @@ LARGE_BLOCK_ELEMENTS = 1 << 25
 #: measured slower at (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of
 #: dense's peak in bf16.
 DENSE_PREFERRED_ELEMENTS = 1 << 27
-
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-class _KeyBiasSDPA(torch.autograd.Function):
-    """softmax(scale · q k^T + kb_j [+ mask]) v with a differentiable per-key bias kb (B, H, 1, Tk).
-
-    Forward: the flash kernel with kb as its additive mask.  Backward: the flash backward on the
-    augmented features q~ = [q, 1], k~ = [k, kb / scale], whose logits are the same, so dk~'s last
-    column is scale · d(kb).  No (Tq, Tk) tensor in either pass."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, kb, mask, is_causal: bool, scale: float):
-        dv = v.shape[-1]
-        d = max(q.shape[-1], dv)
-        am = kb if mask is None else kb + mask
-        out, lse = _flash(pad_last(q, d), pad_last(k, d), pad_last(v, d), 0.0, is_causal,
-                          attn_mask=am, scale=scale)
-        out = out[..., :dv]
-        ctx.is_causal, ctx.scale = is_causal, scale
-        ctx.save_for_backward(q, k, v, kb, mask, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, gout):
-        q, k, v, kb, mask, out, lse = ctx.saved_tensors
-        scale, dq_size, dv = ctx.scale, q.shape[-1], v.shape[-1]
-        b, h, tk = k.shape[0], k.shape[1], k.shape[2]
-        qa = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], -1)
-        kba = kb.expand(b, h, 1, tk).transpose(-1, -2) / scale
-        ka = torch.cat([k, kba], -1)
-        d = max(dq_size + 1, dv)
-        dqa, dka, dva = _flash_backward(pad_last(gout.contiguous(), d), pad_last(qa, d), pad_last(ka, d),
-                                        pad_last(v, d), pad_last(out, d), lse, 0.0, ctx.is_causal,
-                                        attn_mask=mask, scale=scale)
-        dkb = (dka[..., dq_size] / scale).unsqueeze(-2)  # (B, H, 1, Tk)
-        return dqa[..., :dq_size], dka[..., :dq_size], dva[..., :dv], dkb, None, None, None
-
 
 @BACKENDS.register("fused", [
     Param("key_bias", str, "features", choices=("features", "mask"),
@@ -299,7 +261,7 @@ class FusedBackend(Backend):
                                                      is_causal=is_causal, scale=scale)
                 return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
             if p.dropout_p == 0.0 and q.device.type == "cpu":
-                return _KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
+                return KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
         return self._blocked(p, qf, kf, scale, key_bias, shared), None
 
     def _blocked(self, p: Problem, qf, kf, scale, key_bias, shared: bool):
