@@ -151,6 +151,56 @@ def test_linear_matches_dense(kernel, filt):
         _close(_run(backend, kernel, "none", filt, key_mask=km), ref, atol=1e-8)
 
 
+@pytest.mark.parametrize("elements", [1, 2 * 5 * 36])
+@pytest.mark.parametrize("filt", ["padding", "causal&padding"])
+def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, filt):
+    # poly (F = 36 at D = 8) in blocks of 5 rows: a budget of one slice splits the heads, of two
+    # slices (= H) the batch; each group is its own scan and must give what the whole one gives.
+    import kernel_attention.backends.linear as linear
+
+    km = _key_mask(23)
+    ref = _run("dense", "poly", "none", filt, key_mask=km)
+    monkeypatch.setattr(linear, "SCAN_ELEMENTS", elements)
+    calls = []
+    for name in ("causal_scan", "_non_causal"):
+        scan = getattr(linear, name)
+        monkeypatch.setattr(linear, name, lambda *a, _scan=scan: calls.append(a[0].shape) or _scan(*a))
+    _close(_run("linear:chunk=5", "poly", "none", filt, key_mask=km), ref, atol=1e-8)
+    assert calls == ([(1, 1, 23, D)] * 4 if elements == 1 else [(1, H, 23, D)] * 2)
+
+
+class _WeightedLinear(ka.Kernel):
+    """<a, b>_w = sum_d w_d^2 a_d b_d with a trainable (H, 1, D) w: a per-head parameter whose
+    gradient must come back through the causal scan."""
+
+    name = "weighted_linear"
+    positive = False
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, H * D, dtype=DT).view(H, 1, D))
+
+    def kernel(self, q, k):
+        return torch.matmul(q * self.w, (k * self.w).transpose(-1, -2))
+
+    def feature_map(self, x):
+        return x * self.w
+
+
+def test_causal_scan_passes_gradients_to_kernel_parameters(monkeypatch):
+    import kernel_attention.backends.linear as linear
+
+    monkeypatch.setattr(linear, "SCAN_ELEMENTS", 1)  # per-head parameters: groups keep whole heads
+    q, k, v = _inputs(23, 23)
+    got = {}
+    for backend in ("dense", "linear:chunk=5"):
+        kern = _WeightedLinear()
+        out = attention(q, k, v, kern, "causal", backend=backend)
+        got[backend] = (out, torch.autograd.grad(out, [q, k, v, kern.w], torch.ones_like(out) + out.detach()))
+    assert got["dense"][1][3].abs().sum() > 0
+    _close(got["linear:chunk=5"], got["dense"], atol=1e-8)
+
+
 def test_poly_features_are_the_kernel():
     x, y = torch.randn(5, D, dtype=DT), torch.randn(7, D, dtype=DT)
     for degree in (1, 2, 3):
@@ -198,8 +248,8 @@ def test_auto_picks_the_expected_backend():
     assert _choice("exp", need_weights=True).name == "dense"
     assert _choice("poly", "causal").name == "dense"  # below the crossover
     assert _choice("linear", "causal", t=300, d=4).name == "linear"
-    assert _choice("poly", "causal", t=300, d=24).name == "dense"  # F = 300: crossover at 450 keys
-    assert _choice("poly", "causal", t=460, d=24).name == "linear"
+    assert _choice("poly", "causal", t=299, d=24).name == "dense"  # F = 300: crossover at 300 keys
+    assert _choice("poly", "causal", t=300, d=24).name == "linear"
     c = _choice("poly", "local:window=2", t=300, d=4)
     assert c.name == "dense"
     assert "neither full, causal nor padding" in c.reasons["linear"]

@@ -12,10 +12,11 @@ the result equals the dense direct normalisation exactly whenever the dense one 
 * non-causal (full or padding filter): S and z summed over key blocks, then one product per query block.
 * causal: query/key blocks of ``chunk`` rows; block c uses the state of the blocks before it plus
   its own (chunk, chunk) lower-triangular kernel block (Yang et al., chunked linear attention), so no
-  (B, H, T, F, Dv) prefix tensor is built -- only one (F, Dv) state per block.
+  (B, H, T, F, Dv) prefix tensor is built -- only one (F, Dv) state per block; its backward pass is
+  written out (:mod:`~kernel_attention.backends.causal_scan`).
 
-Every block is checkpointed when the features are large (poly: F = D(D+1)/2), so neither pass
-keeps a (B, H, T, F) tensor alive.  Filters other than full, causal and padding, positional factors,
+The non-causal blocks are checkpointed when the features are large (poly: F = D(D+1)/2), so neither
+pass keeps a (B, H, T, F) tensor alive.  Filters other than full, causal and padding, positional factors,
 dropout and need_weights are not supported (the dispatcher says so and picks another backend).
 """
 
@@ -26,8 +27,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
+from kernel_attention.backends.causal_scan import accumulator, causal_scan, guard
 from kernel_attention.registry import Param
-from kernel_attention.smoother import DIRECT_EPS
 
 __all__ = ["LinearBackend", "feature_size"]
 
@@ -57,11 +58,6 @@ def _structure(p: Problem):
     if torch.equal(keep.expand(*keep.shape[:2], tq, tk), (causal & last).expand(*keep.shape[:2], tq, tk)):
         return "causal", km
     return None
-
-
-def _guard(den: Tensor) -> Tensor:
-    small = den.abs() < DIRECT_EPS
-    return torch.where(small, torch.where(den < 0, -DIRECT_EPS, DIRECT_EPS).to(den.dtype), den)
 
 
 @BACKENDS.register("linear", [
@@ -102,58 +98,70 @@ class LinearBackend(Backend):
         return f"linear: feature map of size F={f}, {mode}; cost ~ T·F·Dv instead of T^2·D"
 
     def run(self, p: Problem):
-        q, k, v, kern = p.q, p.k, p.v, p.kernel
-        b, h, tq, tk = p.shape
-        f = feature_size(p)
-        heavy = f > 2 * q.shape[-1] and torch.is_grad_enabled()
-        ck = (lambda fn, *a: checkpoint(fn, *a, use_reentrant=False)) if heavy else (lambda fn, *a: fn(*a))
         mode, km = _structure(p)
-        km = None if km is None else km.to(q.dtype)  # (B|1, H|1, Tk, 1)
+        km = None if km is None else km.to(p.q.dtype)  # (B|1, H|1, Tk, 1)
+        scan = causal_scan if mode == "causal" else _non_causal
+        return _in_groups(scan, p.q, p.k, p.v, km, p.kernel, self.chunk), None
 
-        # The states S, z are sums over every key: kept in float32 under bf16 / fp16 inputs (as fused
-        # attention keeps its soft-max sums), so their rounding does not grow with the sequence.
-        acc = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
 
-        def state(kc, vc, mc):
-            phi = kern.feature_map(kc)
-            if mc is not None:
-                phi = phi * mc
-            return torch.matmul(phi.transpose(-1, -2), vc).to(acc), phi.sum(-2, dtype=acc)
+def _non_causal(q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int) -> Tensor:
+    """S, z summed over key blocks, then read by query blocks; every block is checkpointed when the
+    features are large, so no (B, H, T, F) tensor stays alive in either pass."""
+    heavy = kern.feature_map(q[:1, :1, :1, :]).shape[-1] > 2 * q.shape[-1] and torch.is_grad_enabled()
+    ck = (lambda fn, *a: checkpoint(fn, *a, use_reentrant=False)) if heavy else (lambda fn, *a: fn(*a))
+    acc = accumulator(q.dtype)
 
-        c = self.chunk
-        if mode == "full":
-            s = z = None
-            for j in range(0, tk, c):
-                cols = slice(j, min(tk, j + c))
-                ds, dz = ck(state, k[..., cols, :], v[..., cols, :], None if km is None else km[..., cols, :])
-                s, z = (ds, dz) if s is None else (s + ds, z + dz)
+    def state(kc, vc, mc):
+        phi = kern.feature_map(kc)
+        if mc is not None:
+            phi = phi * mc
+        return torch.matmul(phi.transpose(-1, -2), vc).to(acc), phi.sum(-2, dtype=acc)
 
-            def read(qc, s, z):
-                phi = kern.feature_map(qc).to(acc)
-                return (torch.matmul(phi, s) / _guard(torch.matmul(phi, z.unsqueeze(-1)))).to(q.dtype)
+    def read(qc, s, z):
+        phi = kern.feature_map(qc).to(acc)
+        return (torch.matmul(phi, s) / guard(torch.matmul(phi, z.unsqueeze(-1)))).to(q.dtype)
 
-            return torch.cat([ck(read, q[..., r:r + c, :], s, z) for r in range(0, tq, c)], -2), None
+    s = z = None
+    for j in range(0, k.shape[-2], chunk):
+        cols = slice(j, j + chunk)
+        ds, dz = ck(state, k[..., cols, :], v[..., cols, :], None if km is None else km[..., cols, :])
+        s, z = (ds, dz) if s is None else (s + ds, z + dz)
+    return torch.cat([ck(read, q[..., r:r + chunk, :], s, z) for r in range(0, q.shape[-2], chunk)], -2)
 
-        def causal_block(qc, kc, vc, mc, s, z):
-            kk = kern.kernel(qc, kc)
-            n = kc.shape[-2]
-            kk = kk * torch.ones(n, n, dtype=torch.bool, device=kk.device).tril()
-            if mc is not None:
-                kk = kk * mc.transpose(-1, -2)
-            num = torch.matmul(kk, vc).to(acc)
-            den = kk.sum(-1, keepdim=True, dtype=acc)
-            if s is not None:
-                phi = kern.feature_map(qc).to(acc)
-                num = num + torch.matmul(phi, s)
-                den = den + torch.matmul(phi, z.unsqueeze(-1))
-            return (num / _guard(den)).to(q.dtype)
 
-        outs, s, z = [], None, None
-        for j in range(0, tq, c):
-            rows = slice(j, min(tq, j + c))
-            mc = None if km is None else km[..., rows, :]
-            outs.append(ck(causal_block, q[..., rows, :], k[..., rows, :], v[..., rows, :], mc, s, z))
-            if j + c < tq:
-                ds, dz = ck(state, k[..., rows, :], v[..., rows, :], mc)
-                s, z = (ds, dz) if s is None else (s + ds, z + dz)
-        return torch.cat(outs, -2), None
+#: Elements of one block's features, (slices, chunk, F), above which the scans run on groups of
+#: (batch, head) slices on the CPU: phi is written and read one column slice at a time (``features.py``), fast
+#: only while the block stays in cache.  Measured on the 2-core CPU (causal poly, F = 2080, chunk
+#: 256, B = 4, H = 8, T = 4096, forward+backward, one thread): all 32 slices in one scan 23.2 s,
+#: groups of 16 / 8 / 4 / 2 slices 20.9 / 14.7 / 16.6 / 17.8 s (docs/benchmarks.md, "causal poly").
+SCAN_ELEMENTS = 1 << 23
+
+
+def _in_groups(scan, q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int) -> Tensor:
+    """scan(q, k, v, km, kern, chunk) on groups of (batch, head) slices, which are independent, of at
+    most ``SCAN_ELEMENTS`` feature elements per block: equal groups of heads, or of whole batch
+    entries; always whole heads when the kernel has parameters or buffers (which may be per head).
+    CPU only: the groups are for the cache, and on a GPU they would only add kernel launches."""
+    if q.device.type != "cpu":
+        return scan(q, k, v, km, kern, chunk)
+    b, h = q.shape[:2]
+    f = kern.feature_map(q[:1, :1, :1, :]).shape[-1]
+    slices = max(1, SCAN_ELEMENTS // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
+    per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
+    if per_head or slices >= h:
+        hg, bg = h, max(1, slices // h)
+    else:
+        hg, bg = -(-h // -(-h // slices)), 1  # ceil(h / groups) heads in each of ceil(h / slices) groups
+    if bg >= b and hg >= h:
+        return scan(q, k, v, km, kern, chunk)
+
+    def group(b0, h0):  # the scan of [b0:b0+bg, h0:h0+hg] (broadcast dims of the mask kept whole)
+        parts = []
+        for x in (q, k, v, km):
+            if x is not None:
+                x = x[b0:b0 + bg] if x.shape[0] > 1 else x
+                x = x[:, h0:h0 + hg] if x.shape[1] > 1 else x
+            parts.append(x)
+        return scan(*parts, kern, chunk)
+
+    return torch.cat([torch.cat([group(b0, h0) for h0 in range(0, h, hg)], 1) for b0 in range(0, b, bg)], 0)
