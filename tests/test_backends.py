@@ -162,7 +162,7 @@ def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, fil
     ref = _run("dense", "poly", "none", filt, key_mask=km)
     monkeypatch.setattr(linear, "SCAN_ELEMENTS", elements)
     calls = []
-    for name in ("causal_scan", "_non_causal"):
+    for name in ("causal_scan", "full_scan"):
         scan = getattr(linear, name)
         monkeypatch.setattr(linear, name, lambda *a, _scan=scan: calls.append(a[0].shape) or _scan(*a))
     _close(_run("linear:chunk=5", "poly", "none", filt, key_mask=km), ref, atol=1e-8)
@@ -187,15 +187,17 @@ class _WeightedLinear(ka.Kernel):
         return x * self.w
 
 
-def test_causal_scan_passes_gradients_to_kernel_parameters(monkeypatch):
+@pytest.mark.parametrize("filt, tq", [("causal", 23), (None, 23), (None, 11)])
+def test_linear_scans_pass_gradients_to_kernel_parameters(monkeypatch, filt, tq):
+    # causal, full, and full with Tq != Tk (cross-attention)
     import kernel_attention.backends.linear as linear
 
     monkeypatch.setattr(linear, "SCAN_ELEMENTS", 1)  # per-head parameters: groups keep whole heads
-    q, k, v = _inputs(23, 23)
+    q, k, v = _inputs(tq, 23)
     got = {}
     for backend in ("dense", "linear:chunk=5"):
         kern = _WeightedLinear()
-        out = attention(q, k, v, kern, "causal", backend=backend)
+        out = attention(q, k, v, kern, filt, backend=backend)
         got[backend] = (out, torch.autograd.grad(out, [q, k, v, kern.w], torch.ones_like(out) + out.detach()))
     assert got["dense"][1][3].abs().sum() > 0
     _close(got["linear:chunk=5"], got["dense"], atol=1e-8)

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from kernel_attention.smoother import DIRECT_EPS
 
-__all__ = ["accumulator", "causal_scan", "guard"]
+__all__ = ["accumulator", "causal_scan", "guard", "quotient_grads"]
 
 
 def guard(den: Tensor) -> Tensor:
@@ -45,6 +45,15 @@ def accumulator(dtype: torch.dtype) -> torch.dtype:
     S, z and the sums are over every key: float32 under bf16 / fp16 inputs (as fused attention keeps
     its soft-max sums), so their rounding does not grow with the sequence."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def quotient_grads(dout: Tensor, out: Tensor, den: Tensor, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(dnum, dden) of out = num / den, den (..., T, 1) the guarded denominator saved by the forward:
+    dnum = dout / den, dden = -(dout · out) / den, and dden = 0 where the guard replaced den by a
+    constant (there, and only there, the saved den is exactly +-DIRECT_EPS)."""
+    dout = dout.to(acc)
+    dden = -(dout * out.to(acc)).sum(-1, keepdim=True) / den
+    return dout / den, dden.masked_fill(den.abs() <= DIRECT_EPS, 0.0)
 
 
 def _block_kernel(kern, qc: Tensor, kc: Tensor, mc: Tensor | None) -> Tensor:
@@ -98,11 +107,7 @@ class _CausalScan(torch.autograd.Function):
         kern, chunk, states = ctx.kern, ctx.chunk, ctx.states
         acc = accumulator(q.dtype)
         tq = q.shape[-2]
-        dnum = dout.to(acc) / den
-        # d out / d den = -out / den, except where the guard replaced den by a constant (there, and
-        # only there, the saved den is exactly +-DIRECT_EPS).
-        dden = -(dout.to(acc) * out.to(acc)).sum(-1, keepdim=True) / den
-        dden = dden.masked_fill(den.abs() <= DIRECT_EPS, 0.0)
+        dnum, dden = quotient_grads(dout, out, den, acc)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dparams = [None] * len(params)
         g = gz = None

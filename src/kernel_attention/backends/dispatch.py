@@ -49,9 +49,9 @@ def linear_crossover(features: int, d_head: int, device: str = "cpu") -> int:
     """Keys from which ``auto`` prefers ``linear`` to ``dense``.  The linear form costs ~T·F·Dv per
     pass against T^2·D for dense, so they break even near T ~ F.  Measured on CPU (docs/benchmarks.md,
     forward+backward, B=4, H=8, D=64): the linear kernel (F = D = 64) is already 3x faster than dense at
-    256 keys; poly of degree 2 (F = D(D+1)/2 = 2080), since its scans run on groups of slices and the
-    causal one has its backward written out, is 0.43x / 0.66x dense's speed at 1024 keys (full /
-    causal) and 1.18x / 1.79x at 2048: break-even near 1.8k / 1.4k keys.  Hence F keys, never below 256.
+    256 keys; poly of degree 2 (F = D(D+1)/2 = 2080), since its scans run on groups of slices with
+    their backward written out, is 0.48x / 0.66x dense's speed at 1024 keys (full / causal) and
+    1.50x / 1.79x at 2048: break-even near 1.5k / 1.4k keys.  Hence F keys, never below 256.
 
     On CUDA (H100, bf16) dense's (T, T) products run at matrix-unit speed and the linear form's chunk
     loop is launch-bound: dense was faster at every measured length up to 4096 (linear kernel: 0.81x

@@ -12,11 +12,11 @@ the result equals the dense direct normalisation exactly whenever the dense one 
 * non-causal (full or padding filter): S and z summed over key blocks, then one product per query block.
 * causal: query/key blocks of ``chunk`` rows; block c uses the state of the blocks before it plus
   its own (chunk, chunk) lower-triangular kernel block (Yang et al., chunked linear attention), so no
-  (B, H, T, F, Dv) prefix tensor is built -- only one (F, Dv) state per block; its backward pass is
-  written out (:mod:`~kernel_attention.backends.causal_scan`).
+  (B, H, T, F, Dv) prefix tensor is built -- only one (F, Dv) state per block.
 
-The non-causal blocks are checkpointed when the features are large (poly: F = D(D+1)/2), so neither
-pass keeps a (B, H, T, F) tensor alive.  Filters other than full, causal and padding, positional factors,
+Both scans have their backward pass written out (:mod:`~kernel_attention.backends.full_scan`,
+:mod:`~kernel_attention.backends.causal_scan`), so neither pass keeps a (B, H, T, F) tensor alive
+or runs a forward product again.  Filters other than full, causal and padding, positional factors,
 dropout and need_weights are not supported (the dispatcher says so and picks another backend).
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
-from kernel_attention.backends.causal_scan import accumulator, causal_scan, guard
+from kernel_attention.backends.causal_scan import causal_scan
+from kernel_attention.backends.full_scan import full_scan
 from kernel_attention.registry import Param
 
 __all__ = ["LinearBackend", "feature_size"]
@@ -100,40 +100,16 @@ class LinearBackend(Backend):
     def run(self, p: Problem):
         mode, km = _structure(p)
         km = None if km is None else km.to(p.q.dtype)  # (B|1, H|1, Tk, 1)
-        scan = causal_scan if mode == "causal" else _non_causal
+        scan = causal_scan if mode == "causal" else full_scan
         return _in_groups(scan, p.q, p.k, p.v, km, p.kernel, self.chunk), None
 
 
-def _non_causal(q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int) -> Tensor:
-    """S, z summed over key blocks, then read by query blocks; every block is checkpointed when the
-    features are large, so no (B, H, T, F) tensor stays alive in either pass."""
-    heavy = kern.feature_map(q[:1, :1, :1, :]).shape[-1] > 2 * q.shape[-1] and torch.is_grad_enabled()
-    ck = (lambda fn, *a: checkpoint(fn, *a, use_reentrant=False)) if heavy else (lambda fn, *a: fn(*a))
-    acc = accumulator(q.dtype)
-
-    def state(kc, vc, mc):
-        phi = kern.feature_map(kc)
-        if mc is not None:
-            phi = phi * mc
-        return torch.matmul(phi.transpose(-1, -2), vc).to(acc), phi.sum(-2, dtype=acc)
-
-    def read(qc, s, z):
-        phi = kern.feature_map(qc).to(acc)
-        return (torch.matmul(phi, s) / guard(torch.matmul(phi, z.unsqueeze(-1)))).to(q.dtype)
-
-    s = z = None
-    for j in range(0, k.shape[-2], chunk):
-        cols = slice(j, j + chunk)
-        ds, dz = ck(state, k[..., cols, :], v[..., cols, :], None if km is None else km[..., cols, :])
-        s, z = (ds, dz) if s is None else (s + ds, z + dz)
-    return torch.cat([ck(read, q[..., r:r + chunk, :], s, z) for r in range(0, q.shape[-2], chunk)], -2)
-
-
 #: Elements of one block's features, (slices, chunk, F), above which the scans run on groups of
-#: (batch, head) slices on the CPU: phi is written and read one column slice at a time (``features.py``), fast
-#: only while the block stays in cache.  Measured on the 2-core CPU (causal poly, F = 2080, chunk
-#: 256, B = 4, H = 8, T = 4096, forward+backward, one thread): all 32 slices in one scan 23.2 s,
-#: groups of 16 / 8 / 4 / 2 slices 20.9 / 14.7 / 16.6 / 17.8 s (docs/benchmarks.md, "causal poly").
+#: (batch, head) slices on the CPU: phi is written and read one column slice at a time
+#: (``features.py``), fast only while the block stays in cache.  Measured on the 2-core CPU (causal
+#: poly, F = 2080, chunk 256, B = 4, H = 8, T = 4096, forward+backward, one thread): all 32 slices in
+#: one scan 23.2 s, groups of 16 / 8 / 4 / 2 slices 20.9 / 14.7 / 16.6 / 17.8 s (docs/benchmarks.md,
+#: "poly: the scans' backward written out").
 SCAN_ELEMENTS = 1 << 23
 
 
