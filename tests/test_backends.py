@@ -167,6 +167,8 @@ def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, fil
         monkeypatch.setattr(linear, name, lambda *a, _scan=scan: calls.append(a[0].shape) or _scan(*a))
     _close(_run("linear:chunk=5", "poly", "none", filt, key_mask=km), ref, atol=1e-8)
     assert calls == ([(1, 1, 23, D)] * 4 if elements == 1 else [(1, H, 23, D)] * 2)
+    why = explain(*_inputs(23, 23), "poly", filt, backend="linear:chunk=5", key_mask=km).reasons["linear"]
+    assert ("in 4 groups of 1 (batch, head) slices" if elements == 1 else "in 2 groups of 2") in why
 
 
 class _WeightedLinear(ka.Kernel):

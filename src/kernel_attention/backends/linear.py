@@ -95,7 +95,11 @@ class LinearBackend(Backend):
         f = feature_size(p)
         mode = _structure(p)[0]
         mode = f"causal, chunks of {self.chunk} rows" if mode == "causal" else "non-causal"
-        return f"linear: feature map of size F={f}, {mode}; cost ~ T·F·Dv instead of T^2·D"
+        b, h = p.shape[:2]
+        bg, hg = _group_sizes(p.q, p.k, p.kernel, self.chunk)
+        groups = (-(-b // bg)) * (-(-h // hg))
+        split = f", in {groups} groups of {bg * hg} (batch, head) slices" if groups > 1 else ""
+        return f"linear: feature map of size F={f}, {mode}{split}; cost ~ T·F·Dv instead of T^2·D"
 
     def run(self, p: Problem):
         mode, km = _structure(p)
@@ -113,21 +117,27 @@ class LinearBackend(Backend):
 SCAN_ELEMENTS = 1 << 23
 
 
-def _in_groups(scan, q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int) -> Tensor:
-    """scan(q, k, v, km, kern, chunk) on groups of (batch, head) slices, which are independent, of at
-    most ``SCAN_ELEMENTS`` feature elements per block: equal groups of heads, or of whole batch
-    entries; always whole heads when the kernel has parameters or buffers (which may be per head).
-    CPU only: the groups are for the cache, and on a GPU they would only add kernel launches."""
-    if q.device.type != "cpu":
-        return scan(q, k, v, km, kern, chunk)
+def _group_sizes(q: Tensor, k: Tensor, kern, chunk: int) -> tuple[int, int]:
+    """(batch entries, heads) per group of the scans: groups of at most ``SCAN_ELEMENTS`` feature
+    elements per block, equal groups of heads or of whole batch entries; always whole heads when
+    the kernel has parameters or buffers (which may be per head).  CPU only: the groups are for the
+    cache, and on a GPU they would only add kernel launches."""
     b, h = q.shape[:2]
+    if q.device.type != "cpu":
+        return b, h
     f = kern.feature_map(q[:1, :1, :1, :]).shape[-1]
     slices = max(1, SCAN_ELEMENTS // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
     per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
     if per_head or slices >= h:
-        hg, bg = h, max(1, slices // h)
-    else:
-        hg, bg = -(-h // -(-h // slices)), 1  # ceil(h / groups) heads in each of ceil(h / slices) groups
+        return min(b, max(1, slices // h)), h
+    return 1, -(-h // -(-h // slices))  # ceil(h / groups) heads in each of ceil(h / slices) groups
+
+
+def _in_groups(scan, q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int) -> Tensor:
+    """scan(q, k, v, km, kern, chunk) on the groups of (batch, head) slices of :func:`_group_sizes`
+    (the slices are independent)."""
+    b, h = q.shape[:2]
+    bg, hg = _group_sizes(q, k, kern, chunk)
     if bg >= b and hg >= h:
         return scan(q, k, v, km, kern, chunk)
 
