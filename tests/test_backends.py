@@ -173,7 +173,7 @@ def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, fil
 
 class _WeightedLinear(ka.Kernel):
     """<a, b>_w = sum_d w_d^2 a_d b_d with a trainable (H, 1, D) w: a per-head parameter whose
-    gradient must come back through the causal scan."""
+    gradient must come back through the scans."""
 
     name = "weighted_linear"
     positive = False
