@@ -25,7 +25,7 @@ from torch import Tensor
 
 from kernel_attention.kernels import Kernel
 
-__all__ = ["PositionalTerms", "dense_smoother", "normalise_direct", "DIRECT_EPS"]
+__all__ = ["PositionalTerms", "dense_smoother", "normalise_direct", "guard", "DIRECT_EPS"]
 
 #: Guard of the direct normaliser: |sum k| below this is replaced by +-DIRECT_EPS.
 DIRECT_EPS = 1e-6
@@ -112,6 +112,12 @@ class PositionalTerms:
         return out
 
 
+def guard(den: Tensor, eps: float = DIRECT_EPS) -> Tensor:
+    """The direct normaliser's guard: |den| < eps replaced by +-eps (sign kept), den elsewhere."""
+    small = den.abs() < eps
+    return torch.where(small, torch.where(den < 0, -eps, eps).to(den.dtype), den)
+
+
 def normalise_direct(k: Tensor, keep: Tensor | None, eps: float = DIRECT_EPS) -> Tensor:
     r"""p_ij = k_ij / sum_j' k_ij' for kernels that can be zero or negative (poly, linear).
 
@@ -123,10 +129,7 @@ def normalise_direct(k: Tensor, keep: Tensor | None, eps: float = DIRECT_EPS) ->
     """
     if keep is not None:
         k = k.masked_fill(~keep, 0.0)
-    den = k.sum(-1, keepdim=True)
-    small = den.abs() < eps
-    den = torch.where(small, torch.where(den < 0, -eps, eps).to(den.dtype), den)
-    return k / den
+    return k / guard(k.sum(-1, keepdim=True), eps)
 
 
 def dense_smoother(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, keep: Tensor | None = None,

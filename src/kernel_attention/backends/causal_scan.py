@@ -28,15 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.smoother import DIRECT_EPS
+from kernel_attention.smoother import DIRECT_EPS, guard
 
-__all__ = ["accumulator", "causal_scan", "guard", "quotient_grads"]
-
-
-def guard(den: Tensor) -> Tensor:
-    """g(den): |den| < DIRECT_EPS replaced by +-DIRECT_EPS (sign kept), as ``normalise_direct`` does."""
-    small = den.abs() < DIRECT_EPS
-    return torch.where(small, torch.where(den < 0, -DIRECT_EPS, DIRECT_EPS).to(den.dtype), den)
+__all__ = ["accumulator", "add_grads", "causal_scan", "quotient_grads"]
 
 
 def accumulator(dtype: torch.dtype) -> torch.dtype:
@@ -54,6 +48,13 @@ def quotient_grads(dout: Tensor, out: Tensor, den: Tensor, acc: torch.dtype) -> 
     dout = dout.to(acc)
     dden = -(dout * out.to(acc)).sum(-1, keepdim=True) / den
     return dout / den, dden.masked_fill(den.abs() <= DIRECT_EPS, 0.0)
+
+
+def add_grads(total: list, grads) -> None:
+    """total[i] += grads[i] for the kernel parameters' gradients of one block (None: not reached)."""
+    for i, g in enumerate(grads):
+        if g is not None:
+            total[i] = g if total[i] is None else total[i] + g
 
 
 def _block_kernel(kern, qc: Tensor, kc: Tensor, mc: Tensor | None) -> Tensor:
@@ -139,9 +140,7 @@ class _CausalScan(torch.autograd.Function):
             dq[..., rows, :] = got[0]
             dk[..., rows, :] = got[1]
             dv[..., rows, :] = dvc.to(v.dtype)
-            for i, gp in enumerate(got[2:]):
-                if gp is not None:
-                    dparams[i] = gp if dparams[i] is None else dparams[i] + gp
+            add_grads(dparams, got[2:])
             if j > 0:  # the keys of earlier blocks see these queries through the state
                 phi_q = phi_q.detach().to(acc)
                 dg, dgz = torch.matmul(phi_q.transpose(-1, -2), dn), torch.matmul(phi_q.transpose(-1, -2), dd)

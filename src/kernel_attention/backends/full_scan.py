@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.causal_scan import accumulator, guard, quotient_grads
+from kernel_attention.backends.causal_scan import accumulator, add_grads, quotient_grads
+from kernel_attention.smoother import guard
 
 __all__ = ["full_scan"]
 
@@ -65,39 +66,31 @@ class _FullScan(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dparams = [None] * len(params)
 
-        def through_features(x, m, grad):
-            """d<phi(x) * m, grad> / d(x, params), by autograd on this block alone."""
+        def features(x, m):  # (leaf, m * phi(leaf)) with the graph of this block alone
             with torch.enable_grad():
-                x = x.detach().requires_grad_()
-                phi = _masked_features(kern, x, m)
-                got = torch.autograd.grad(phi, [x, *params], grad(phi.detach()).to(phi.dtype), allow_unused=True)
-            for i, gp in enumerate(got[1:]):
-                if gp is not None:
-                    dparams[i] = gp if dparams[i] is None else dparams[i] + gp
+                leaf = x.detach().requires_grad_()
+                return leaf, _masked_features(kern, leaf, m)
+
+        def pull(leaf, phi, grad):  # d<phi, grad> / d leaf, the parameters' part added to dparams
+            got = torch.autograd.grad(phi, [leaf, *params], grad.to(phi.dtype), allow_unused=True)
+            add_grads(dparams, got[1:])
             return got[0]
 
-        g = gz = None
+        g = gz = None  # G = sum_i phi(q_i)^T dnum_i, gz = sum_i phi(q_i)^T dden_i
         for r in range(0, q.shape[-2], chunk):
             rows = slice(r, r + chunk)
             dn, dd = dnum[..., rows, :], dden[..., rows, :]
-
-            def from_query(phi, dn=dn, dd=dd):
-                nonlocal g, gz
-                phi = phi.to(acc)
-                dg, dgz = torch.matmul(phi.transpose(-1, -2), dn), torch.matmul(phi.transpose(-1, -2), dd)
-                g, gz = (dg, dgz) if g is None else (g + dg, gz + dgz)
-                return torch.matmul(dn, s.transpose(-1, -2)) + dd * z.unsqueeze(-2)
-
-            dq[..., rows, :] = through_features(q[..., rows, :], None, from_query)
+            leaf, phi = features(q[..., rows, :], None)
+            pt = phi.detach().to(acc).transpose(-1, -2)
+            dg, dgz = torch.matmul(pt, dn), torch.matmul(pt, dd)
+            g, gz = (dg, dgz) if g is None else (g + dg, gz + dgz)
+            dq[..., rows, :] = pull(leaf, phi, torch.matmul(dn, s.transpose(-1, -2)) + dd * z.unsqueeze(-2))
         for j in range(0, k.shape[-2], chunk):
             cols = slice(j, j + chunk)
+            leaf, phi = features(k[..., cols, :], None if km is None else km[..., cols, :])
+            dv[..., cols, :] = torch.matmul(phi.detach().to(acc), g).to(v.dtype)
             vc = v[..., cols, :].to(acc)
-
-            def from_key(phi, vc=vc, cols=cols):
-                dv[..., cols, :] = torch.matmul(phi.to(acc), g).to(v.dtype)
-                return torch.matmul(vc, g.transpose(-1, -2)) + gz.transpose(-1, -2)
-
-            dk[..., cols, :] = through_features(k[..., cols, :], None if km is None else km[..., cols, :], from_key)
+            dk[..., cols, :] = pull(leaf, phi, torch.matmul(vc, g.transpose(-1, -2)) + gz.transpose(-1, -2))
         return (dq, dk, dv, None, None, None, *dparams)
 
 
