@@ -112,8 +112,8 @@ class LinearBackend(Backend):
 #: (batch, head) slices on the CPU: phi is written and read one column slice at a time
 #: (``features.py``), fast only while the block stays in cache.  Measured on the 2-core CPU (causal
 #: poly, F = 2080, chunk 256, B = 4, H = 8, T = 4096, forward+backward, one thread): all 32 slices in
-#: one scan 23.2 s, groups of 16 / 8 / 4 / 2 slices 20.9 / 14.7 / 16.6 / 17.8 s (a one-off script; docs/benchmarks.md,
-#: "poly: the scans' backward written out").
+#: one scan 23.2 s, groups of 16 / 8 / 4 / 2 slices 20.9 / 14.7 / 16.6 / 17.8 s (a one-off script;
+#: docs/benchmarks.md, "poly: the scans' backward written out").
 SCAN_ELEMENTS = 1 << 23
 
 
