@@ -356,6 +356,70 @@ def test_fused_implicit_kernels_share_their_spectral_state(kernel):
     _close(_run("fused:block=1024", kernel, "none", "causal"), _run("dense", kernel, "none", "causal"))
 
 
+IMPLICIT = ["ikas", "ikans", "ikan", "mikan", "ikan-direct"]
+
+
+@pytest.mark.parametrize("kernel", IMPLICIT)
+def test_fused_squared_path_matches_dense(kernel):
+    """The implicit kernels run as k / sum k per block (backends/squared.py): values and gradients
+    (the spectral density's or ikan-direct's points included) equal dense's under a full, causal,
+    sparse, padding (one sequence keeping no key) and causal & padding filter, and for Tq != Tk."""
+    cases = ((None, None, 23), ("causal", None, 23), ("local:window=4", None, 23),
+             (None, _key_mask(23, empty=True), 23), ("causal", _key_mask(23), 23), (None, None, 11))
+    for filt, km, tq in cases:
+        q, k, v = _inputs(tq, 23)
+        kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(DT).eval()
+        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
+        assert "k / sum k" in why and "blocked SDPA" not in why, (filt, why)
+        _close(_run("fused:block=1024", kernel, "none", filt, key_mask=km, tq=tq),
+               _run("dense", kernel, "none", filt, key_mask=km, tq=tq))
+
+
+def test_fused_squared_path_in_training_draws_the_spectral_points_once():
+    """In training the spectral points are sampled per call: the squared path draws them once, as dense
+    does (same output and same KL for the same seed)."""
+    q, k, v = _inputs(23, 23)
+    kern = ka.make_kernel("mikan", n_heads=H, d_head=D).to(DT).train()
+    res = []
+    for backend in ("dense", "fused"):
+        torch.manual_seed(5)
+        res.append((attention(q, k, v, kern, "causal", backend=backend), kern.regularization()))
+    torch.testing.assert_close(res[0][0], res[1][0], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(res[0][1], res[1][1], atol=0, rtol=0)
+
+
+def test_fused_squared_path_range_and_fallbacks():
+    """The per-key factor exp(m_j) is taken relative to the largest m of the keys some query keeps:
+    a huge key that every query drops does not underflow the others (float32 checked against float64
+    dense); a kept key 40+ log-units above the rest sends the call to the soft-max path, which explain
+    says; ``squared=false`` and bfloat16 as documented."""
+    q, k, v = _inputs(23, 23)
+    km = _key_mask(23)
+    k_big = k.detach().clone()
+    k_big[1, :, -1] *= 10.0   # sequence 1's last key is padding: ||k||^2 / (2 sqrt(d)) about 140 above the rest
+    kern = ka.make_kernel("ikas", n_heads=H, d_head=D).eval()
+    ref = attention(q, k_big, v, kern.to(DT), None, key_mask=km, backend="dense")
+    kern = kern.float()
+    args = (q.detach().float(), k_big.float(), v.detach().float())
+    assert "k / sum k" in explain(*args, kern, None, key_mask=km, backend="fused").reasons["fused"]
+    out = attention(*args, kern, None, key_mask=km, backend="fused")
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+    # the same key kept: the soft-max path, still equal to dense
+    why = explain(*args, kern, None, backend="fused").reasons["fused"]
+    assert "blocked SDPA" in why and "squared form is not used: the per-key log factor spans" in why
+    torch.testing.assert_close(attention(*args, kern, None, backend="fused").double(),
+                               attention(q, k_big, v, kern.to(DT), None, backend="dense"), atol=1e-5, rtol=1e-4)
+    kern = kern.float()
+    why = explain(*args, kern, "causal", backend="fused:squared=false").reasons["fused"]
+    assert "squared form is not used: squared=false" in why
+    # bfloat16 inputs: the same path, within bfloat16's precision of float64 dense
+    qb, kb, vb = (x.detach().to(torch.bfloat16) for x in (q, k, v))
+    assert "k / sum k" in explain(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused").reasons["fused"]
+    out = attention(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused")
+    ref = attention(qb.double(), kb.double(), vb.double(), kern.to(DT), "causal", backend="dense")
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
 def test_flex_score_mod_forward_matches_dense_on_cpu():
     # FlexAttention has no backward on CPU, so the backend never picks it there; its score_mod and
     # block mask are still checked here, forward only, in eager mode, on the features the backend

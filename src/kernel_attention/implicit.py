@@ -57,8 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_attention.decomposition import decompose, magnitude
-from kernel_attention.kernels import KERNELS, Kernel
+from kernel_attention.decomposition import decompose, lp_norm_sq, magnitude
+from kernel_attention.kernels import KERNELS, Kernel, SquaredForm
 from kernel_attention.registry import Param
 from kernel_attention.spectral import ImplicitDensity
 
@@ -299,6 +299,29 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
     def log_similarity(self, q, k, state=None):
         ws = self.prepare(q, k) if state is None else state
         return (self.similarity(q, k, ws).pow(2) + self.eps).log()
+
+    def _squared(self) -> bool:
+        """Whether :class:`SquaredForm` holds: not for a subclass that redefines the similarity or the
+        magnitude."""
+        cls = type(self)
+        return (cls.log_similarity is ImplicitKernel.log_similarity
+                and cls.log_magnitude is SimilarityMagnitudeKernel.log_magnitude)
+
+    def squared_key_log(self, k: Tensor) -> Tensor | None:
+        """The magnitude's key term ||k||_p^2 / denom, (B, H, Tk) (zero without a magnitude)."""
+        if not self._squared():
+            return None
+        if not self.use_magnitude:
+            return k.new_zeros(k.shape[:-1])
+        return lp_norm_sq(k, self.p) / self.denom(k.shape[-1])
+
+    def squared_form(self, q: Tensor, k: Tensor) -> SquaredForm | None:
+        """k = (f^2 + eps) · exp(magnitude), f = phi(q)^T phi(k) / n: the features with 1/n on phi(q)."""
+        if not self._squared():
+            return None
+        ws = self.prepare(q, k)
+        return SquaredForm(self.features(q, ws) / self.feature_norm(ws), self.features(k, ws), self.eps,
+                           self.squared_key_log(k))
 
     def regularization(self) -> Tensor:
         """kl_weight · KL + copula_weight · copula term of the last forward pass (0 before any)."""

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from kernel_attention.features import symmetric_square
 from kernel_attention.registry import Param, Registry
 
-__all__ = ["Kernel", "SDPAForm", "KERNELS", "make_kernel", "ExpKernel", "RBFKernel", "PolyKernel", "LinearKernel",
+__all__ = ["Kernel", "SDPAForm", "SquaredForm", "KERNELS", "make_kernel", "ExpKernel", "RBFKernel", "PolyKernel", "LinearKernel",
            "PeriodicKernel"]
 
 
@@ -54,6 +54,23 @@ class SDPAForm:
     k: Tensor
     scale: float
     key_bias: Tensor | None = None
+
+
+@dataclasses.dataclass
+class SquaredForm:
+    r"""A positive kernel that is a squared feature product times a per-key factor:
+
+        k(q_i, k_j) = c_i · (<q_i', k_j'>^2 + eps) · exp(key_log_j)
+
+    ``q`` (B, H, Tq, F) and ``k`` (B, H, Tk, F) are the features (any normaliser folded into ``q``),
+    ``key_log`` (B|1, H, Tk) the per-key log factor; c_i > 0 is constant along a row and cancels.  The
+    implicit kernels (random-feature similarity f^2 + eps times the magnitude) have this form, which
+    lets a backend form k itself per pair instead of log k (:mod:`kernel_attention.backends.squared`)."""
+
+    q: Tensor
+    k: Tensor
+    eps: float
+    key_log: Tensor
 
 
 class Kernel(nn.Module):
@@ -135,6 +152,17 @@ class Kernel(nn.Module):
                     + self.log_magnitude(q[..., r, :], k[..., c, :]))
         f.sliced_args = [None] * len(state)
         return state, f
+
+    def squared_key_log(self, k: Tensor) -> Tensor | None:
+        """The per-key log factor of :class:`SquaredForm`, (B, H, Tk), or None when the kernel has no
+        such form.  Separate from :meth:`squared_form` so that a backend can check its range (a factor
+        that spans too many orders of magnitude underflows) before any per-call state is drawn."""
+        return None
+
+    def squared_form(self, q: Tensor, k: Tensor) -> SquaredForm | None:
+        """This kernel as :class:`SquaredForm`, or None; draws the per-call state (spectral points)
+        as :meth:`log_kernel` does, so call it once per call."""
+        return None
 
     def feature_map(self, x: Tensor) -> Tensor | None:
         """A finite feature map phi with k(a, b) = <phi(a), phi(b)>: (..., D) -> (..., F), or None when

@@ -5,7 +5,7 @@ log space), so it runs on ``scaled_dot_product_attention`` once log k is written
 
     log k(x_i, x_j) = scale · <q'_i, k'_j> + b_ij + (constant along row i).
 
-Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
+Four paths, chosen per call (:meth:`FusedBackend.describe` says which):
 
 * **direct** -- one SDPA call, no (Tq, Tk) tensor at all: the kernel has features
   (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with the key-norm term as an augmented feature or as a
@@ -16,6 +16,10 @@ Two paths, chosen per call (:meth:`FusedBackend.describe` says which):
   share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
   and after its window; causal: one causal call on the shifted sequences), and only the keys within
   the clip are formed explicitly (:mod:`kernel_attention.backends.banded`).
+* **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
+  ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and
+  normalised as k / sum k -- the same soft-max of log k without a logarithm and an exponential per
+  pair -- while the magnitude's range allows it (else, and with positional terms or dropout, blocked).
 * **blocked** -- everything else (relative positions ``shaw``/``xl``, dense float biases, kernels
   with only ``log_kernel`` such as the implicit kernels, sparse filters, dropout with a value term):
   query rows are processed in blocks with b formed per block and recomputed in the backward pass
@@ -42,6 +46,7 @@ from kernel_attention.backends.banded import shaw_banded, shaw_clip
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
+from kernel_attention.backends.squared import DTYPES, MAX_SPREAD, key_spread, squared_smoother
 from kernel_attention.registry import Param
 
 __all__ = ["FusedBackend"]
@@ -64,6 +69,9 @@ DENSE_PREFERRED_ELEMENTS = 1 << 27
     Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
     Param("shared_positions", bool, True,
           doc="on CPU, product positions shared by a batch of B > 1 as a per-block mask instead of concatenated features"),
+    Param("squared", bool, True,
+          doc="on CPU, the implicit kernels as k / sum k per block ((phi_q·phi_k)^2 + eps times a per-key factor) "
+              "instead of a soft-max of log k"),
 ])
 class FusedBackend(Backend):
     """Positive kernels on ``scaled_dot_product_attention`` (see the module docstring)."""
@@ -71,9 +79,9 @@ class FusedBackend(Backend):
     name = "fused"
 
     def __init__(self, key_bias: str = "features", block: int | None = None, flex: bool = True,
-                 banded: bool = True, shared_positions: bool = True):
+                 banded: bool = True, shared_positions: bool = True, squared: bool = True):
         self.key_bias, self.block, self.flex, self.banded = key_bias, block, flex, banded
-        self.shared_positions = shared_positions
+        self.shared_positions, self.squared = shared_positions, squared
 
     def _rows(self, p: Problem, shared: bool) -> int:
         """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
@@ -174,6 +182,30 @@ class FusedBackend(Backend):
                 and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1 and p.shape[0] > 1
                 and _has_form(p))
 
+    def _squared_why_not(self, p: Problem) -> str | None:
+        """None when ``p`` runs on the squared path (:mod:`~kernel_attention.backends.squared`); "" when
+        its kernel has no :class:`SquaredForm`; otherwise why that form is not used."""
+        key_log = p.kernel.squared_key_log(p.k)
+        if key_log is None:
+            return ""
+        t = p.terms
+        if not self.squared:
+            return "squared=false"
+        if p.q.device.type != "cpu":
+            return "measured on the CPU only"
+        if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
+                              or t.key_bias is not None or t.q_feat is not None):
+            return "positional terms enter log k"
+        if p.dropout_p > 0:
+            return "dropout acts on the soft-max weights"
+        if p.q.dtype not in DTYPES:
+            return f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
+        spread = key_spread(key_log, p.keep)
+        if spread > MAX_SPREAD:
+            return (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its exponentials "
+                    f"would underflow")
+        return None
+
     def _direct(self, p: Problem) -> bool:
         t = p.terms
         if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
@@ -216,8 +248,13 @@ class FusedBackend(Backend):
         kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
         density = float(p.keep.float().mean()) if p.keep is not None else 1.0
         why = []
-        if not _has_form(p):
-            why.append(f"kernel {p.kernel.name!r} has no SDPA features, so log k is formed per block")
+        squared = self._squared_why_not(p) if not _has_form(p) else ""
+        if squared is None:
+            why.append(f"kernel {p.kernel.name!r} is ((phi(q)·phi(k))/n)^2 + eps times a per-key factor, so k "
+                       f"itself is formed per block and normalised as k / sum k (no log or exp per pair)")
+        elif not _has_form(p):
+            why.append(f"kernel {p.kernel.name!r} has no SDPA features, so log k is formed per block"
+                       + (f" (its squared form is not used: {squared})" if squared else ""))
         if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
             why.append("relative positions add a gathered (rows, Tk) term per block")
         if p.terms is not None and p.terms.bias is not None:
@@ -236,7 +273,8 @@ class FusedBackend(Backend):
         if self._flex_path(p):
             return ("fused: FlexAttention (score_mod for the additive terms, block mask for the filter); "
                     + "; ".join(why or ["the kernel's per-key term as a score_mod"]))
-        return (f"fused: blocked SDPA, {len(blocks)} blocks of {rows} query rows; " + "; ".join(why))
+        what = "the kernel per block" if squared is None else "blocked SDPA"
+        return f"fused: {what}, {len(blocks)} blocks of {rows} query rows; " + "; ".join(why)
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, p: Problem):
@@ -262,6 +300,10 @@ class FusedBackend(Backend):
                 return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
             if p.dropout_p == 0.0 and q.device.type == "cpu":
                 return KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
+        if qf is None and self._squared_why_not(p) is None:
+            b, h, tq, tk = p.shape
+            keep, blocks = plan_blocks(p.keep, tq, tk, self._rows(p, False))
+            return squared_smoother(p.kernel.squared_form(p.q, p.k), v, keep, blocks), None
         return self._blocked(p, qf, kf, scale, key_bias, shared), None
 
     def _blocked(self, p: Problem, qf, kf, scale, key_bias, shared: bool):
