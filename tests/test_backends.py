@@ -171,6 +171,18 @@ def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, fil
     assert ("in 4 groups of 1 (batch, head) slices" if elements == 1 else "in 2 groups of 2") in why
 
 
+def test_linear_slices_parameter_sets_the_groups():
+    """``linear:slices=N`` groups N (batch, head) slices per scan whatever the element budget (how the
+    benchmark compares group sizes): 1 -> four groups, 2 -> two (the batch split), 4 -> one."""
+    km = _key_mask(23)
+    ref = _run("dense", "poly", "none", "causal&padding", key_mask=km)
+    for slices, text in ((1, "in 4 groups of 1 (batch, head) slices"), (2, "in 2 groups of 2"), (4, None)):
+        backend = f"linear:chunk=5,slices={slices}"
+        _close(_run(backend, "poly", "none", "causal&padding", key_mask=km), ref, atol=1e-8)
+        why = explain(*_inputs(23, 23), "poly", "causal", backend=backend).reasons["linear"]
+        assert (text in why) if text else ("groups" not in why), why
+
+
 class _WeightedLinear(ka.Kernel):
     """<a, b>_w = sum_d w_d^2 a_d b_d with a trainable (H, 1, D) w: a per-head parameter whose
     gradient must come back through the scans."""

@@ -95,7 +95,9 @@ def run_cell(cell: dict) -> dict:
         fn = sdpa
         params = []
     else:
-        kern = make_kernel(cell["kernel"], n_heads=h, d_head=d).to(dev, dtype).eval()
+        # Training mode: forward+backward is a training step, and in eval mode the implicit kernels use
+        # their posterior mean, whose R spectral points coincide (two distinct ones: 4 features, not 2R).
+        kern = make_kernel(cell["kernel"], n_heads=h, d_head=d).to(dev, dtype).train()
         pos = make_position(cell["position"], d_model=h * d, n_heads=h, d_head=d).to(dev, dtype)
         pq, pk = default_positions(t, t, dev, True)
         params = list(pos.parameters()) + list(kern.parameters())

@@ -62,14 +62,16 @@ def _structure(p: Problem):
 
 @BACKENDS.register("linear", [
     Param("chunk", int, 256, check=lambda x: x >= 1, rule=">= 1", doc="rows per block"),
+    Param("slices", int, None, optional=True, check=lambda x: x >= 1, rule=">= 1",
+          doc="on CPU, (batch, head) slices per group of a scan (default: blocks of at most 2^23 feature elements)"),
 ])
 class LinearBackend(Backend):
     """Feature-map attention, non-causal and chunked causal (see the module docstring)."""
 
     name = "linear"
 
-    def __init__(self, chunk: int = 256):
-        self.chunk = chunk
+    def __init__(self, chunk: int = 256, slices: int | None = None):
+        self.chunk, self.slices = chunk, slices
 
     def why_not(self, p: Problem) -> str | None:
         if p.need_weights:
@@ -96,7 +98,7 @@ class LinearBackend(Backend):
         mode = _structure(p)[0]
         mode = f"causal, chunks of {self.chunk} rows" if mode == "causal" else "non-causal"
         b, h = p.shape[:2]
-        bg, hg = _group_sizes(p.q, p.k, p.kernel, self.chunk, f)
+        bg, hg = _group_sizes(p.q, p.k, p.kernel, self.chunk, f, self.slices)
         groups = (-(-b // bg)) * (-(-h // hg))
         split = f", in {groups} groups of {bg * hg} (batch, head) slices" if groups > 1 else ""
         return f"linear: feature map of size F={f}, {mode}{split}; cost ~ T·F·Dv instead of T^2·D"
@@ -105,38 +107,41 @@ class LinearBackend(Backend):
         mode, km = _structure(p)
         km = None if km is None else km.to(p.q.dtype)  # (B|1, H|1, Tk, 1)
         scan = causal_scan if mode == "causal" else full_scan
-        return _in_groups(scan, p.q, p.k, p.v, km, p.kernel, self.chunk, feature_size(p)), None
+        return _in_groups(scan, p.q, p.k, p.v, km, p.kernel, self.chunk, feature_size(p), self.slices), None
 
 
 #: Elements of one block's features, (slices, chunk, F), above which the scans run on groups of
 #: (batch, head) slices on the CPU: phi is written and read one column slice at a time
 #: (``features.py``), fast only while the block stays in cache.  Measured on the 2-core CPU (causal
-#: poly, F = 2080, chunk 256, B = 4, H = 8, T = 4096, forward+backward, one thread): all 32 slices in
-#: one scan 23.2 s, groups of 16 / 8 / 4 / 2 slices 20.9 / 14.7 / 16.6 / 17.8 s (a one-off script;
-#: docs/benchmarks.md, "poly: the scans' backward written out").
+#: poly, F = 2080, chunk 256, B = 4, H = 8, T = 4096, forward+backward, one thread; the bench with
+#: ``linear:slices=N``, docs/benchmarks.md, "poly: the scans' backward written out"): all 32 slices in
+#: one scan 2.27x SDPA-causal, groups of 16 / 8 (the default here) / 4 / 2 slices 2.02 / 1.61 / 1.68 / 1.89x.
 SCAN_ELEMENTS = 1 << 23
 
 
-def _group_sizes(q: Tensor, k: Tensor, kern, chunk: int, f: int) -> tuple[int, int]:
+def _group_sizes(q: Tensor, k: Tensor, kern, chunk: int, f: int, slices: int | None = None) -> tuple[int, int]:
     """(batch entries, heads) per group of the scans of a kernel with f features: groups of at most
-    ``SCAN_ELEMENTS`` feature elements per block, equal groups of heads or of whole batch entries; always whole heads when
+    ``slices`` (batch, head) slices, by default as many as keep a block within ``SCAN_ELEMENTS``
+    feature elements; equal groups of heads or of whole batch entries; always whole heads when
     the kernel has parameters or buffers (which may be per head).  CPU only: the groups are for the
     cache, and on a GPU they would only add kernel launches."""
     b, h = q.shape[:2]
     if q.device.type != "cpu":
         return b, h
-    slices = max(1, SCAN_ELEMENTS // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
+    if slices is None:
+        slices = max(1, SCAN_ELEMENTS // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
     per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
     if per_head or slices >= h:
         return min(b, max(1, slices // h)), h
     return 1, -(-h // -(-h // slices))  # ceil(h / groups) heads in each of ceil(h / slices) groups
 
 
-def _in_groups(scan, q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int, f: int) -> Tensor:
+def _in_groups(scan, q: Tensor, k: Tensor, v: Tensor, km: Tensor | None, kern, chunk: int, f: int,
+               slices: int | None = None) -> Tensor:
     """scan(q, k, v, km, kern, chunk) on the groups of (batch, head) slices of :func:`_group_sizes`
     (the slices are independent)."""
     b, h = q.shape[:2]
-    bg, hg = _group_sizes(q, k, kern, chunk, f)
+    bg, hg = _group_sizes(q, k, kern, chunk, f, slices)
     if bg >= b and hg >= h:
         return scan(q, k, v, km, kern, chunk)
 
