@@ -388,15 +388,19 @@ def test_fused_squared_path_matches_dense(kernel):
 
 
 def test_fused_squared_path_in_training_draws_the_spectral_points_once():
-    """In training the spectral points are sampled per call: the squared path draws them once, as dense
-    does (same output and same KL for the same seed)."""
+    """In training the R spectral points are sampled per call (in eval mode they are all the posterior
+    mean): the squared path draws them once, as dense does -- same output, gradients (the density's
+    parameters included) and KL for the same seed."""
     q, k, v = _inputs(23, 23)
     kern = ka.make_kernel("mikan", n_heads=H, d_head=D).to(DT).train()
+    params = [q, k, v] + [w for w in kern.parameters() if w.requires_grad]
     res = []
     for backend in ("dense", "fused"):
         torch.manual_seed(5)
-        res.append((attention(q, k, v, kern, "causal", backend=backend), kern.regularization()))
-    torch.testing.assert_close(res[0][0], res[1][0], atol=1e-10, rtol=1e-10)
+        out = attention(q, k, v, kern, "causal", backend=backend)
+        grads = torch.autograd.grad(out, params, torch.ones_like(out) + out.detach(), allow_unused=True)
+        res.append(((out, grads), kern.regularization()))
+    _close(res[1][0], res[0][0])
     torch.testing.assert_close(res[0][1], res[1][1], atol=0, rtol=0)
 
 

@@ -19,9 +19,11 @@ Four paths, chosen per call (:meth:`FusedBackend.describe` says which):
 * **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
   ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and
   normalised as k / sum k -- the same soft-max of log k without a logarithm and an exponential per
-  pair -- while the magnitude's range allows it (else, and with positional terms or dropout, blocked).
+  pair, under any filter -- while the magnitude's range allows it (else, and with positional terms or
+  dropout, blocked).
 * **blocked** -- everything else (relative positions ``shaw``/``xl``, dense float biases, kernels
-  with only ``log_kernel`` such as the implicit kernels, sparse filters, dropout with a value term):
+  with only ``log_kernel`` such as ``rbf-only`` or the implicit kernels off the squared path, sparse
+  filters, dropout with a value term):
   query rows are processed in blocks with b formed per block and recomputed in the backward pass
   (:mod:`kernel_attention.backends.chunked`), so extra memory grows as rows x Tk.  Sparse filters
   skip the keys outside each block's span (a local window costs a band, not a square).  ``product``
