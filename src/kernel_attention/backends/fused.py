@@ -48,7 +48,7 @@ from kernel_attention.backends.banded import shaw_banded, shaw_clip
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
-from kernel_attention.backends.squared import DTYPES, MAX_SPREAD, key_spread, squared_smoother
+from kernel_attention.backends.squared import squared_smoother, squared_why_not
 from kernel_attention.registry import Param
 
 __all__ = ["FusedBackend"]
@@ -185,28 +185,10 @@ class FusedBackend(Backend):
                 and _has_form(p))
 
     def _squared_why_not(self, p: Problem) -> str | None:
-        """None when ``p`` runs on the squared path (:mod:`~kernel_attention.backends.squared`); "" when
-        its kernel has no :class:`SquaredForm`; otherwise why that form is not used."""
-        key_log = p.kernel.squared_key_log(p.k)
-        if key_log is None:
-            return ""
-        t = p.terms
+        """None when ``p`` runs on the squared path; "" when its kernel has no such form; else why not."""
         if not self.squared:
-            return "squared=false"
-        if p.q.device.type != "cpu":
-            return "measured on the CPU only"
-        if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
-                              or t.key_bias is not None or t.q_feat is not None):
-            return "positional terms enter log k"
-        if p.dropout_p > 0:
-            return "dropout acts on the soft-max weights"
-        if p.q.dtype not in DTYPES:
-            return f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
-        spread = key_spread(key_log, p.keep)
-        if spread > MAX_SPREAD:
-            return (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its exponentials "
-                    f"would underflow")
-        return None
+            return "" if p.kernel.squared_key_log(p.k) is None else "squared=false"
+        return squared_why_not(p)
 
     def _direct(self, p: Problem) -> bool:
         t = p.terms

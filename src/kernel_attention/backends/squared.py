@@ -32,9 +32,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernel_attention.backends.base import Problem
 from kernel_attention.kernels import SquaredForm
 
-__all__ = ["MAX_SPREAD", "key_spread", "squared_smoother"]
+__all__ = ["MAX_SPREAD", "key_spread", "squared_why_not", "squared_smoother"]
 
 #: Largest max - min of the per-key log factor over kept keys that this path accepts (module docstring).
 MAX_SPREAD = 40.0
@@ -60,6 +61,29 @@ def key_spread(key_log: Tensor, keep: Tensor | None) -> float:
     lo = torch.where(torch.isinf(m), torch.full_like(m, float("inf")), m).amin(-1)
     spread = torch.where(torch.isinf(hi), torch.zeros_like(hi), hi - lo)
     return float(spread.max()) if spread.numel() else 0.0
+
+
+def squared_why_not(p: Problem) -> str | None:
+    """None when ``p`` can run on this path; "" when its kernel has no :class:`SquaredForm`; otherwise
+    why not, in words (the ``fused`` backend adds it to its description)."""
+    key_log = p.kernel.squared_key_log(p.k)
+    if key_log is None:
+        return ""
+    t = p.terms
+    if p.q.device.type != "cpu":
+        return "measured on the CPU only"
+    if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
+                          or t.key_bias is not None or t.q_feat is not None):
+        return "positional terms enter log k"
+    if p.dropout_p > 0:
+        return "dropout acts on the soft-max weights"
+    if p.q.dtype not in DTYPES:
+        return f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
+    spread = key_spread(key_log, p.keep)
+    if spread > MAX_SPREAD:
+        return (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its exponentials "
+                f"would underflow")
+    return None
 
 
 def _block_weights(fq: Tensor, fk: Tensor, keep: Tensor | None, eps: float, rows: slice, cols: slice):
