@@ -520,6 +520,23 @@ def test_flex_block_masks_are_kept_for_spec_filters_only():
     assert not (make_filter("causal") | MaskFilter(torch.ones(32, 32, dtype=torch.bool))).by_spec
 
 
+def test_fused_describes_the_path_it_runs(monkeypatch):
+    """describe and run share one decision (FusedBackend._route): a key bias has a one-call form only
+    without dropout (KeyBiasSDPA takes none), so with dropout both name and take the blocked path."""
+    import kernel_attention.backends.fused as fused
+
+    blocked = []
+    real = fused.chunked_smoother
+    monkeypatch.setattr(fused, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
+    q, k, v = _inputs(23, 23)
+    for dropout, path in ((0.0, "one SDPA call on rbf key bias"),
+                          (0.1, "blocked SDPA, 1 blocks of 23 query rows; the key bias has a one-call form only")):
+        blocked.clear()
+        why = explain(q, k, v, "rbf", None, backend="fused:key_bias=mask", dropout_p=dropout).reasons["fused"]
+        attention(q, k, v, "rbf", None, backend="fused:key_bias=mask", dropout_p=dropout)
+        assert path in why and bool(blocked) == (dropout > 0), (dropout, why)
+
+
 def test_attention_takes_the_backend_explain_names():
     """attention() skips gathering reasons (explain=False); it must still pick what explain reports."""
     from kernel_attention.backends import choose

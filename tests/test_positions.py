@@ -118,6 +118,27 @@ def test_product_kernel_is_product_of_symmetric_kernels():
     assert sum(p.numel() for p in layer.parameters()) == 4 * (12 * 12 + 12) - (12 * 12 + 12) + 12 * 12
 
 
+def test_product_projects_self_attention_positions_once():
+    """In self-attention (with or without a memory) the queries' default positions are the keys' last
+    rows, so t W_T is formed once and sliced; the same values passed as separate tensors are projected
+    twice and give the same output and gradient."""
+    layer = _layer("product")
+    w = layer.position.w_t[0]
+    rows = []
+    w.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[1]))
+    x, mem = torch.randn(2, 5, 12, dtype=torch.float64), torch.randn(2, 3, 12, dtype=torch.float64)
+    for memory, tk in ((None, 5), (mem, 8)):
+        results = []
+        for pos in ({}, {"pos_q": torch.arange(tk - 5, tk), "pos_k": torch.arange(tk)}):
+            rows.clear()
+            out = layer(x, memory=memory, **pos)
+            results.append((out, torch.autograd.grad(out.square().sum(), w.weight)[0], list(rows)))
+        (once, g_once, r_once), (twice, g_twice, r_twice) = results
+        assert r_once == [tk] and r_twice == [tk, 5]
+        torch.testing.assert_close(once, twice, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g_once, g_twice, rtol=1e-12, atol=1e-12)
+
+
 def test_two_axis_product_and_shaw_multiply_one_kernel_per_axis():
     """Image-Transformer style (H x W) positions: the log positional factor is a sum over axes."""
     torch.manual_seed(0)

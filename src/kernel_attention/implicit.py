@@ -20,7 +20,9 @@ mikan              as ikan, heads' base samples joined by a Gaussian copula   Lp
 =================  =========================================================  ============================
 
 phi_r(x) = [cos(w1_r^T x) + cos(w2_r^T x), sin(w1_r^T x) + sin(w2_r^T x)].  The default periods and
-lengthscales make every similarity agree with the dot product's (Prop. 1) for nearby q, k.
+lengthscales make every similarity agree with the dot product's (Prop. 1) for nearby q, k.  The first
+three rows, and the similarity x magnitude protocol, are defined in
+:mod:`kernel_attention.similarity_magnitude` and re-exported here.
 
 **Spectral points** (ikas, ikans, ikan, mikan) come from an implicit density
 (:class:`~kernel_attention.spectral.ImplicitDensity`): amortised q(z|h) from the time-pooled q and k
@@ -54,134 +56,18 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_attention.decomposition import decompose, lp_norm_sq, magnitude
-from kernel_attention.kernels import KERNELS, Kernel, SquaredForm
+from kernel_attention.decomposition import decompose, lp_norm_sq
+from kernel_attention.kernels import KERNELS, SquaredForm
 from kernel_attention.registry import Param
+from kernel_attention.similarity_magnitude import (ExpSinKernel, LinearMagnitudeKernel, RBFOnlyKernel,
+                                                   SimilarityMagnitudeKernel)
 from kernel_attention.spectral import ImplicitDensity
 
 __all__ = ["SimilarityMagnitudeKernel", "RBFOnlyKernel", "ExpSinKernel", "LinearMagnitudeKernel",
            "ImplicitKernel", "IKASKernel", "IKANSKernel", "IKANKernel", "IKANDirectKernel", "MIKANKernel",
            "regularization", "share_spectral", "decompose"]
-
-
-class SimilarityMagnitudeKernel(Kernel):
-    """log k = log_similarity + log_magnitude.  Subclasses define :meth:`prepare` (per-call state,
-    e.g. sampled spectral points) and :meth:`log_similarity`; ``p`` and ``denom`` set the magnitude."""
-
-    p: float = 2.0
-    use_magnitude: bool = True
-    magnitude_dropout: float = 0.0
-
-    def denom(self, d: int) -> float:
-        return 2.0 * math.sqrt(d)
-
-    def prepare(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None):
-        return None
-
-    def log_similarity(self, q: Tensor, k: Tensor, state=None) -> Tensor:
-        raise NotImplementedError
-
-    def log_magnitude(self, q: Tensor, k: Tensor) -> Tensor:
-        if not self.use_magnitude:
-            return q.new_zeros(q.shape[:-1] + (k.shape[-2],))
-        return magnitude(q, k, self.p, self.denom(q.shape[-1]))
-
-    def decompose(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(log_similarity, log_magnitude), each (B, H, Tq, Tk); their sum is ``log_kernel``."""
-        return self.log_similarity(q, k, self.prepare(q, k, key_mask)), self.log_magnitude(q, k)
-
-    def log_kernel(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        log_sim, log_mag = self.decompose(q, k, key_mask)
-        if self.magnitude_dropout > 0 and self.training and self.use_magnitude:
-            log_mag = F.dropout(log_mag.expand_as(log_sim), self.magnitude_dropout)
-        return log_sim + log_mag
-
-    def regularization(self) -> Tensor:
-        """Weighted KL (+ copula term) of the last forward pass; 0 for deterministic kernels."""
-        return torch.zeros(())
-
-
-_lengthscale = Param("lengthscale", float, None, optional=True, check=lambda x: x > 0,
-                     rule="> 0; default d^(1/4), the dot product's")
-
-
-@KERNELS.register("rbf-only", [_lengthscale])
-class RBFOnlyKernel(SimilarityMagnitudeKernel):
-    """RBF similarity exp(-||q-k||^2/(2 l^2)), l = d^(1/4), no magnitude (IKA's "RBF-only")."""
-
-    name = "rbf-only"
-    use_magnitude = False
-
-    def __init__(self, lengthscale: float | None = None):
-        super().__init__()
-        self.lengthscale = lengthscale
-
-    def hparams(self) -> dict:
-        return {"lengthscale": self.lengthscale}
-
-    def log_similarity(self, q, k, state=None):
-        l2 = math.sqrt(q.shape[-1]) if self.lengthscale is None else self.lengthscale ** 2
-        dist2 = (q.pow(2).sum(-1, keepdim=True) + k.pow(2).sum(-1).unsqueeze(-2)
-                 - 2 * q @ k.transpose(-1, -2)).clamp_min(0)
-        return -dist2 / (2 * l2)
-
-
-@KERNELS.register("expsin", [
-    Param("period", float, None, optional=True, check=lambda x: x > 0, rule="> 0; default 2 pi d^(1/4)"),
-    Param("lengthscale", float, 1.0, check=lambda x: x > 0, rule="> 0"),
-])
-class ExpSinKernel(SimilarityMagnitudeKernel):
-    """Periodic (exp-sine-squared) similarity × L2 magnitude (IKA's "Expsin").
-
-    log_similarity = (<phi(q), phi(k)> - d)/l^2, phi(x) = [cos(2 pi x/P), sin(2 pi x/P)] per axis
-    (= -(2/l^2) sum_i sin^2(pi (q_i - k_i)/P)); P = 2 pi d^(1/4) matches -||q-k||^2/(2 sqrt(d)) to
-    second order."""
-
-    name = "expsin"
-
-    def __init__(self, period: float | None = None, lengthscale: float = 1.0):
-        super().__init__()
-        self.period, self.lengthscale = period, lengthscale
-
-    def hparams(self) -> dict:
-        return {"period": self.period, "lengthscale": self.lengthscale}
-
-    def log_similarity(self, q, k, state=None):
-        d = q.shape[-1]
-        period = 2 * math.pi * d ** 0.25 if self.period is None else self.period
-
-        def phi(x):
-            a = x * (2 * math.pi / period)
-            return torch.cat([a.cos(), a.sin()], dim=-1)
-
-        return (phi(q) @ phi(k).transpose(-1, -2) - d) / self.lengthscale ** 2
-
-
-@KERNELS.register("linear-magnitude")
-class LinearMagnitudeKernel(SimilarityMagnitudeKernel):
-    """Linear similarity <q,k>/sqrt(d) × L2 magnitude (IKA's "Linear"); a direct kernel.
-
-    The similarity can be negative, so it has no log: ``decompose`` returns the similarity itself
-    as its first term, and the smoother normalises k / sum k (weights may be negative, as for
-    ``linear``).  ``kernel(q, k)`` divides by exp(max_j log_magnitude_ij), a positive per-row
-    constant that cancels in the normalisation and keeps exp() from overflowing."""
-
-    name = "linear-magnitude"
-    positive = False
-    psd = False
-
-    def log_similarity(self, q, k, state=None):  # the similarity itself, see the class docstring
-        return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-
-    def log_kernel(self, q, k, key_mask=None):
-        raise NotImplementedError("linear-magnitude is a direct kernel (may be negative); use .kernel()")
-
-    def kernel(self, q: Tensor, k: Tensor) -> Tensor:
-        sim, log_mag = self.decompose(q, k)
-        return sim * (log_mag - log_mag.amax(-1, keepdim=True).detach()).exp()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,12 +186,29 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
         ws = self.prepare(q, k) if state is None else state
         return (self.similarity(q, k, ws).pow(2) + self.eps).log()
 
+    def _feature_similarity(self) -> bool:
+        """Whether the similarity is the random-feature one above (a subclass may redefine it)."""
+        return type(self).log_similarity is ImplicitKernel.log_similarity
+
+    def blockwise(self, q: Tensor, k: Tensor):
+        """:meth:`Kernel.blockwise` with phi(q), phi(k) computed once per call and sliced per block:
+        log k = log((phi(q)[rows] phi(k)[cols]^T / n)^2 + eps) + magnitude."""
+        if not self._feature_similarity():
+            return super().blockwise(q, k)
+        ws = self.prepare(q, k)
+        fq, fk, norm = self.features(q, ws), self.features(k, ws), self.feature_norm(ws)
+
+        def f(r, c, q, k, fq, fk):
+            sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2)) / norm
+            return (sim.pow(2) + self.eps).log() + self.log_magnitude(q[..., r, :], k[..., c, :])
+        f.sliced_args = ["rows", "cols"]
+        return [fq, fk], f
+
     def _squared(self) -> bool:
         """Whether :class:`SquaredForm` holds: not for a subclass that redefines the similarity or the
         magnitude."""
-        cls = type(self)
-        return (cls.log_similarity is ImplicitKernel.log_similarity
-                and cls.log_magnitude is SimilarityMagnitudeKernel.log_magnitude)
+        return (self._feature_similarity()
+                and type(self).log_magnitude is SimilarityMagnitudeKernel.log_magnitude)
 
     def squared_key_log(self, k: Tensor) -> Tensor | None:
         """The magnitude's key term ||k||_p^2 / denom, (B, H, Tk) (zero without a magnitude)."""
@@ -315,13 +218,13 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
             return k.new_zeros(k.shape[:-1])
         return lp_norm_sq(k, self.p) / self.denom(k.shape[-1])
 
-    def squared_form(self, q: Tensor, k: Tensor) -> SquaredForm | None:
+    def squared_form(self, q: Tensor, k: Tensor, key_log: Tensor | None = None) -> SquaredForm | None:
         """k = (f^2 + eps) · exp(magnitude), f = phi(q)^T phi(k) / n: the features with 1/n on phi(q)."""
         if not self._squared():
             return None
         ws = self.prepare(q, k)
         return SquaredForm(self.features(q, ws) / self.feature_norm(ws), self.features(k, ws), self.eps,
-                           self.squared_key_log(k))
+                           self.squared_key_log(k) if key_log is None else key_log)
 
     def regularization(self) -> Tensor:
         """kl_weight · KL + copula_weight · copula term of the last forward pass (0 before any)."""

@@ -115,43 +115,16 @@ class Kernel(nn.Module):
         """``(state, f)`` with log k(q[rows], k[cols]) = f(rows, cols, q, k, *state) for any block of query
         rows and key columns; per-call state (sampled spectral points, features) is computed once here.
 
-        Fast backends use it to form log k a block at a time.  By default there is no state and f is
+        Fast backends use it to form log k a block at a time.  Here there is no state and f is
         :meth:`log_kernel` on the slices -- right for every kernel whose value on a pair depends on
-        that pair alone.  Kernels following the similarity x magnitude protocol of the implicit kernels
-        (``prepare(q, k)`` -> state, ``log_similarity(q, k, state)``, ``log_magnitude(q, k)``) draw
-        their spectral points once per call, as ``log_kernel`` does; the random-feature similarity
-        log((phi(q) phi(k)^T / n)^2 + eps) of the implicit family also computes phi once.  A kernel
-        may override this method with a cheaper blockwise form."""
-        # Each f reads q[..., r, :] and k[..., c, :] once; ``sliced_args`` declares how it reads its
+        that pair alone.  Kernels with per-call state override it (the similarity x magnitude kernels
+        draw their spectral points once; the implicit family also computes phi once)."""
+        # Each f reads q[..., r, :] and k[..., c, :] once; ``f.sliced_args`` declares how it reads its
         # state ("rows", "cols" or None = whole), which lets backends give each block its own leaves.
-        prepare = getattr(self, "prepare", None)
-        if prepare is None or not hasattr(self, "log_similarity") or not hasattr(self, "log_magnitude"):
-            def f(r, c, q, k):
-                return self.log_kernel(q[..., r, :], k[..., c, :])
-            f.sliced_args = []
-            return [], f
-        state = prepare(q, k)
-        if state is None:
-            def f(r, c, q, k):
-                return (self.log_similarity(q[..., r, :], k[..., c, :], None)
-                        + self.log_magnitude(q[..., r, :], k[..., c, :]))
-            f.sliced_args = []
-            return [], f
-        state = list(state)
-        if getattr(type(self).log_similarity, "__qualname__", "") == "ImplicitKernel.log_similarity":
-            fq, fk, norm = self.features(q, state), self.features(k, state), self.feature_norm(state)
-
-            def f(r, c, q, k, fq, fk):
-                sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2)) / norm
-                return (sim.pow(2) + self.eps).log() + self.log_magnitude(q[..., r, :], k[..., c, :])
-            f.sliced_args = ["rows", "cols"]
-            return [fq, fk], f
-
-        def f(r, c, q, k, *st):
-            return (self.log_similarity(q[..., r, :], k[..., c, :], list(st))
-                    + self.log_magnitude(q[..., r, :], k[..., c, :]))
-        f.sliced_args = [None] * len(state)
-        return state, f
+        def f(r, c, q, k):
+            return self.log_kernel(q[..., r, :], k[..., c, :])
+        f.sliced_args = []
+        return [], f
 
     def squared_key_log(self, k: Tensor) -> Tensor | None:
         """The per-key log factor of :class:`SquaredForm`, (B, H, Tk), or None when the kernel has no
@@ -159,9 +132,10 @@ class Kernel(nn.Module):
         that spans too many orders of magnitude underflows) before any per-call state is drawn."""
         return None
 
-    def squared_form(self, q: Tensor, k: Tensor) -> SquaredForm | None:
+    def squared_form(self, q: Tensor, k: Tensor, key_log: Tensor | None = None) -> SquaredForm | None:
         """This kernel as :class:`SquaredForm`, or None; draws the per-call state (spectral points)
-        as :meth:`log_kernel` does, so call it once per call."""
+        as :meth:`log_kernel` does, so call it once per call.  ``key_log``: the result of
+        :meth:`squared_key_log` (possibly masked) where the caller has it, used as the form's key term."""
         return None
 
     def feature_map(self, x: Tensor) -> Tensor | None:

@@ -215,7 +215,25 @@ class ProductPosition(PositionScheme):
 
     def terms(self, q, k, pos_q, pos_k):
         scale = 1.0 / math.sqrt(q.shape[-1])
-        return PositionalTerms(q_feat=self.project(pos_q, q.dtype) * scale, k_feat=self.project(pos_k, q.dtype))
+        k_feat = self.project(pos_k, q.dtype)
+        tail = _tail_rows(pos_q, pos_k)
+        q_feat = k_feat[..., tail:, :] if tail is not None else self.project(pos_q, q.dtype)
+        return PositionalTerms(q_feat=q_feat * scale, k_feat=k_feat)
+
+
+def _tail_rows(pos_q: Tensor, pos_k: Tensor) -> int | None:
+    """r when ``pos_q`` (Bp, Tq, A) is a view of the rows r: of ``pos_k`` (Bp, Tk, A), r = Tk - Tq, as in
+    self-attention with default positions (:func:`default_positions`); else None.  Read from the views'
+    storage and strides, not by comparing values, which would wait for the device."""
+    tq, tk = pos_q.shape[-2], pos_k.shape[-2]
+    if pos_q.shape[0] != pos_k.shape[0] or pos_q.shape[-1] != pos_k.shape[-1] or tq > tk:
+        return None
+    if pos_q.stride()[1:] != pos_k.stride()[1:] or (pos_q.shape[0] > 1 and pos_q.stride(0) != pos_k.stride(0)):
+        return None
+    if pos_q.untyped_storage().data_ptr() != pos_k.untyped_storage().data_ptr():
+        return None
+    r = tk - tq
+    return r if pos_q.storage_offset() == pos_k.storage_offset() + r * pos_k.stride(-2) else None
 
 
 def make_position(spec, *, d_model: int, n_heads: int, d_head: int, axes: int = 1,
@@ -234,5 +252,6 @@ def default_positions(tq: int, tk: int, device, self_attention: bool) -> tuple[T
     """Positions when none are given: keys 0..Tk-1; queries aligned to the last Tq keys in
     self-attention (a memory sits in front of the segment), 0..Tq-1 in cross-attention."""
     pk = torch.arange(tk, device=device)
-    pq = torch.arange(tk - tq, tk, device=device) if self_attention else torch.arange(tq, device=device)
+    # In self-attention pq is a view of pk's tail, which lets ``product`` project the positions once
+    pq = pk[tk - tq:] if self_attention else torch.arange(tq, device=device)
     return as_positions(pq, 1), as_positions(pk, 1)

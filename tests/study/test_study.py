@@ -42,6 +42,41 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     assert (cells[1] / "result.json").stat().st_mtime_ns == mtimes[cells[1].name]
 
 
+def test_processes_sharing_a_study_skip_each_others_cells(tmp_path):
+    """A cell whose lock another process holds is skipped, not run twice; the lock goes with its process
+    (a killed holder leaves the cell free for the next invocation)."""
+    import signal
+    import subprocess
+    import sys
+
+    from kernel_attention.study.runner import cell_dir, cell_lock
+
+    out = tmp_path / "studies"
+    opts = StudyOptions(scale="small", seeds=1)
+    study = get_study("synthetic-smoke")
+    first, second = (cell_dir(out, study, c) for c in study.build(opts)[0])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from kernel_attention.study.runner import cell_lock\n"
+         "with cell_lock(Path(sys.argv[1])) as held:\n print(held, flush=True); time.sleep(600)", str(first)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        logs = []
+        execute("synthetic-smoke", opts, out, log=logs.append)
+        assert any(first.name in m and "running in another process, skipped" in m for m in logs)
+        assert not (first / "result.json").exists() and (second / "result.json").is_file()
+        with cell_lock(first) as held:
+            assert not held
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    logs = []
+    execute("synthetic-smoke", opts, out, log=logs.append)
+    assert any("1 already finished, 1 to run" in m for m in logs)
+    assert (first / "result.json").is_file()
+
+
 def test_collect_only_keeps_the_machine_and_command_the_cells_ran_with(tmp_path):
     """Cells run on one machine (a GPU node, say) and collected on another: the table names the
     machine and command recorded when they ran, not the collecting host."""

@@ -32,9 +32,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import pad_last
+from kernel_attention.backends.base import Problem, pad_last
 
-__all__ = ["shaw_clip", "shaw_banded"]
+__all__ = ["shaw_clip", "banded_clip", "shaw_banded"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -56,6 +56,27 @@ def shaw_clip(index: Tensor, tq: int, tk: int) -> int | None:
     ar = torch.arange(tq, device=index.device)
     expected = (ar[:, None] - ar[None, :]).clamp_(-c, c).add_(c)
     return c if bool((index == expected).all()) else None
+
+
+def banded_clip(p: Problem, key_bias: str = "features") -> int | None:
+    """c when this path runs ``p``: Shaw's table alone on the default self-attention positions, a
+    kernel with SDPA features and no key bias (``key_bias``: the ``fused`` backend's form of it), a
+    full or causal filter, no dropout, on the CPU, and a sequence long enough (T > 4c) for the far
+    ranges to carry the work."""
+    t = p.terms
+    if p.q.device.type != "cpu" or p.dropout_p > 0 or t is None:
+        return None
+    if (len(t.relative) != 1 or t.relative_factors or t.value or t.bias is not None
+            or t.key_bias is not None or t.q_feat is not None):
+        return None
+    if not (p.keep is None or p.causal):
+        return None
+    if p.kernel.sdpa_layout(key_bias) != "features":
+        return None
+    b, h, tq, tk = p.shape
+    logits, index = t.relative[0]
+    c = shaw_clip(index, tq, tk)
+    return c if c is not None and logits.shape[-1] == 2 * c + 1 and tq > 4 * c else None
 
 
 def _blocks(t: int, c: int, causal: bool):

@@ -39,16 +39,19 @@ it is faster; the SDPA paths stay the fallback and the only path on CPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float_mask, block_rows,
                                             empty_rows, pad_last, BLOCK_ELEMENTS)
-from kernel_attention.backends.banded import shaw_banded, shaw_clip
+from kernel_attention.backends.banded import banded_clip, shaw_banded
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
-from kernel_attention.backends.squared import squared_smoother, squared_why_not
+from kernel_attention.backends.squared import squared_route, squared_smoother
 from kernel_attention.registry import Param
 
 __all__ = ["FusedBackend"]
@@ -61,6 +64,21 @@ LARGE_BLOCK_ELEMENTS = 1 << 25
 #: measured slower at (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of
 #: dense's peak in bf16.
 DENSE_PREFERRED_ELEMENTS = 1 << 27
+
+
+@dataclasses.dataclass
+class Route:
+    """How :class:`FusedBackend` runs one problem, with what deciding it computed, so that
+    :meth:`FusedBackend.run` and :meth:`FusedBackend.describe` decide once per call."""
+
+    path: str                       #: "flex", "banded", "direct", "squared" or "blocked"
+    shared: bool = False            #: ``product`` positions as a per-block mask (:meth:`FusedBackend._shared_positions`)
+    clip: int | None = None         #: banded: Shaw's clip c
+    mask: Tensor | None = None      #: direct: SDPA's float mask
+    is_causal: bool = False         #: direct: SDPA's causal flag
+    squared: str | None = ""        #: None on the squared path, else why not ("": the kernel has no such form)
+    key_log: Tensor | None = None   #: squared: the per-key log factor, -inf at keys no query keeps
+
 
 @BACKENDS.register("fused", [
     Param("key_bias", str, "features", choices=("features", "mask"),
@@ -155,25 +173,6 @@ class FusedBackend(Backend):
             return True, as_float_mask(keep[..., :1, :], p.q.dtype), False  # (B|1, H|1, 1, Tk)
         return False, None, False
 
-    def _shaw_clip(self, p: Problem) -> int | None:
-        """c when the banded path runs ``p``: Shaw's table alone on the default self-attention positions,
-        a kernel with SDPA features and no key bias, a full or causal filter, no dropout, on the CPU,
-        and a sequence long enough (T > 4c) for the far sets to carry the work."""
-        t = p.terms
-        if not self.banded or p.q.device.type != "cpu" or p.dropout_p > 0 or t is None:
-            return None
-        if (len(t.relative) != 1 or t.relative_factors or t.value or t.bias is not None
-                or t.key_bias is not None or t.q_feat is not None):
-            return None
-        if not (p.keep is None or p.causal):
-            return None
-        if p.kernel.sdpa_layout(self.key_bias) != "features":
-            return None
-        b, h, tq, tk = p.shape
-        logits, index = t.relative[0]
-        c = shaw_clip(index, tq, tk)
-        return c if c is not None and logits.shape[-1] == 2 * c + 1 and tq > 4 * c else None
-
     def _shared_positions(self, p: Problem) -> bool:
         """Whether ``product``'s positional features enter as a per-block bias shared by the batch
         instead of being concatenated: on the CPU, features with batch size 1 for a batch B > 1, no
@@ -184,66 +183,70 @@ class FusedBackend(Backend):
                 and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1 and p.shape[0] > 1
                 and _has_form(p))
 
-    def _squared_why_not(self, p: Problem) -> str | None:
-        """None when ``p`` runs on the squared path; "" when its kernel has no such form; else why not."""
-        if not self.squared:
-            return "" if p.kernel.squared_key_log(p.k) is None else "squared=false"
-        return squared_why_not(p)
-
-    def _direct(self, p: Problem) -> bool:
+    def _route(self, p: Problem) -> Route:
+        """The path of ``p``, in the order the module docstring lists them.  A key bias has a one-call
+        form only on the CPU without dropout (:class:`KeyBiasSDPA`; CUDA's SDPA cannot differentiate a
+        (B, H, 1, Tk) mask), so elsewhere it goes to FlexAttention or the blocked path."""
         t = p.terms
-        if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
-                              or t.key_bias is not None):
-            return False
-        if self._shared_positions(p):
-            return False
-        if not _has_form(p):
-            return False
-        return self._direct_mask(p)[0]
-
-    def _flex_path(self, p: Problem) -> bool:
-        """Whether ``p`` runs on FlexAttention: on CUDA, a kernel with SDPA features, a problem that
-        FlexAttention takes, and no single plain SDPA call for it (relative tables, float biases, sparse
-        filters; a key bias, which CUDA's SDPA cannot differentiate as a (B, H, 1, Tk) mask)."""
-        if p.q.device.type != "cuda" or not self.flex:
-            return False
         layout = p.kernel.sdpa_layout(self.key_bias)
-        if layout is None:
-            return False
-        from kernel_attention.backends.flex import flex_why_not
+        shared = self._shared_positions(p)
+        additive = t is not None and bool(t.relative or t.relative_factors or t.bias is not None or t.value
+                                          or t.key_bias is not None)
+        ok, mask, is_causal = (False, None, False) if additive or shared or layout is None else self._direct_mask(p)
+        one_call = ok and (layout == "features" or (p.dropout_p == 0 and p.q.device.type == "cpu"))
+        if p.q.device.type == "cuda" and self.flex and layout is not None and not one_call:
+            from kernel_attention.backends.flex import flex_why_not
 
-        return flex_why_not(p) is None and (not self._direct(p) or layout == "bias")
+            if flex_why_not(p) is None:
+                return Route("flex", shared)
+        clip = banded_clip(p, self.key_bias) if self.banded else None
+        if clip is not None:
+            return Route("banded", clip=clip)
+        if one_call:
+            return Route("direct", mask=mask, is_causal=is_causal)
+        if layout is None:
+            if not self.squared:
+                why = "" if p.kernel.squared_key_log(p.k) is None else "squared=false"
+                return Route("blocked", squared=why)
+            key_log, why = squared_route(p)
+            if why is None:
+                return Route("squared", squared=None, key_log=key_log)
+            return Route("blocked", squared=why)
+        return Route("blocked", shared)
 
     def describe(self, p: Problem) -> str:
-        if self._direct(p) and not self._flex_path(p):
+        route = self._route(p)
+        if route.path == "direct":
             how = "key bias" if p.kernel.sdpa_layout(self.key_bias) == "bias" else "features"
             extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
-            mask = ", causal" if self._direct_mask(p)[2] else (", padding mask" if p.keep is not None else "")
+            mask = ", causal" if route.is_causal else (", padding mask" if p.keep is not None else "")
             return f"fused: one SDPA call on {p.kernel.name} {how}{extra}{mask}"
-        c = self._shaw_clip(p)
-        if c is not None:
+        if route.path == "banded":
+            c = route.clip
             far = ("one causal SDPA call on the shifted sequences" if p.causal else
                    "two SDPA calls per block of rows (the keys before and after its window)")
             return (f"fused: shaw clipped at {c}: keys farther than {c} (one bias per row) as {far}, the keys "
                     f"within {c - 1} formed explicitly, merged by log-sum-exp")
         b, h, tq, tk = p.shape
-        rows = self._rows(p, self._shared_positions(p))
+        rows = self._rows(p, route.shared)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
         kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
         density = float(p.keep.float().mean()) if p.keep is not None else 1.0
         why = []
-        squared = self._squared_why_not(p) if not _has_form(p) else ""
-        if squared is None:
+        if route.path == "squared":
             why.append(f"kernel {p.kernel.name!r} is ((phi(q)·phi(k))/n)^2 + eps times a per-key factor, so k "
                        f"itself is formed per block and normalised as k / sum k (no log or exp per pair)")
         elif not _has_form(p):
             why.append(f"kernel {p.kernel.name!r} has no SDPA features, so log k is formed per block"
-                       + (f" (its squared form is not used: {squared})" if squared else ""))
+                       + (f" (its squared form is not used: {route.squared})" if route.squared else ""))
+        if (route.path == "blocked" and p.kernel.sdpa_layout(self.key_bias) == "bias"
+                and (p.dropout_p > 0 or p.q.device.type != "cpu")):
+            why.append("the key bias has a one-call form only on the CPU without dropout")
         if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
             why.append("relative positions add a gathered (rows, Tk) term per block")
         if p.terms is not None and p.terms.bias is not None:
             why.append("a dense float bias is added per block")
-        if self._shared_positions(p):
+        if route.shared:
             why.append("the positional features are shared by the batch: their (rows, Tk) logits are formed "
                        "once per block for all of it and added as the mask of the flash kernel, which is "
                        "cheaper on the CPU than concatenating them to the features (twice the head size)")
@@ -254,41 +257,39 @@ class FusedBackend(Backend):
                        f"outside their span and compute {100 * kept:.0f}%"
                        + ("" if kept < 2 * density + 0.05 else
                           " (inside the span the mask is applied, not exploited: dense emulation of the sparsity)"))
-        if self._flex_path(p):
+        if route.path == "flex":
             return ("fused: FlexAttention (score_mod for the additive terms, block mask for the filter); "
                     + "; ".join(why or ["the kernel's per-key term as a score_mod"]))
-        what = "the kernel per block" if squared is None else "blocked SDPA"
+        what = "the kernel per block" if route.path == "squared" else "blocked SDPA"
         return f"fused: {what}, {len(blocks)} blocks of {rows} query rows; " + "; ".join(why)
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, p: Problem):
-        q, v, t = p.q, p.v, p.terms
-        shared = self._shared_positions(p)
-        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, positions=not shared)
-        if self._flex_path(p):
+        route = self._route(p)
+        v = p.v
+        if route.path == "squared":
+            b, h, tq, tk = p.shape
+            keep, blocks = plan_blocks(p.keep, tq, tk, self._rows(p, False))
+            form = p.kernel.squared_form(p.q, p.k, key_log=route.key_log)
+            return squared_smoother(form, v, keep, blocks), None
+        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, positions=not route.shared)
+        if route.path == "flex":
             from kernel_attention.backends.flex import flex_smoother
 
             return flex_smoother(p, qf, kf, scale, key_bias), None
-        c = self._shaw_clip(p)
-        if c is not None:
-            return shaw_banded(qf, kf, v, t.relative[0][0].to(qf.dtype), c, p.causal, scale), None
-        if self._direct(p):
-            ok, mask, is_causal = self._direct_mask(p)
-            if key_bias is None:
-                d = max(qf.shape[-1], v.shape[-1])
-                if q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
-                    d = -(-d // 8) * 8
-                out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d),
-                                                     attn_mask=mask, dropout_p=p.dropout_p,
-                                                     is_causal=is_causal, scale=scale)
-                return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
-            if p.dropout_p == 0.0 and q.device.type == "cpu":
-                return KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale), None
-        if qf is None and self._squared_why_not(p) is None:
-            b, h, tq, tk = p.shape
-            keep, blocks = plan_blocks(p.keep, tq, tk, self._rows(p, False))
-            return squared_smoother(p.kernel.squared_form(p.q, p.k), v, keep, blocks), None
-        return self._blocked(p, qf, kf, scale, key_bias, shared), None
+        if route.path == "banded":
+            return shaw_banded(qf, kf, v, p.terms.relative[0][0].to(qf.dtype), route.clip, p.causal, scale), None
+        if route.path == "direct":
+            if key_bias is not None:
+                return KeyBiasSDPA.apply(qf, kf, v, key_bias, route.mask, route.is_causal, scale), None
+            d = max(qf.shape[-1], v.shape[-1])
+            if p.q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
+                d = -(-d // 8) * 8
+            out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d),
+                                                 attn_mask=route.mask, dropout_p=p.dropout_p,
+                                                 is_causal=route.is_causal, scale=scale)
+            return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
+        return self._blocked(p, qf, kf, scale, key_bias, route.shared), None
 
     def _blocked(self, p: Problem, qf, kf, scale, key_bias, shared: bool):
         """``shared``: ``product``'s features are not in qf / kf (:meth:`_shared_positions`)."""

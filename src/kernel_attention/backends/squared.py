@@ -21,7 +21,7 @@ V' and the division are formed outside the block loop with autograd (their cost 
 query whose filtered set is empty has N_R = 0 and gets a zero output and zero gradient.
 
 **Range.**  w_j underflows where m_j lies far below the largest kept m.  :func:`key_spread` measures
-max - min of m over the keys some query keeps; the backend takes this path only while it is at most
+max - min of m over the keys some query keeps (:func:`squared_route`); the backend takes this path only while it is at most
 ``MAX_SPREAD`` = 40 (then every kept w is at least e^-40 and the smallest kernel value, about
 eps · e^-40 = 4e-23, is a normal float32 or bfloat16 number) and otherwise keeps the soft-max path,
 which has no such limit (Lp magnitudes with small p, whose norms grow like D^(2/p), need it).
@@ -35,7 +35,7 @@ from torch import Tensor
 from kernel_attention.backends.base import Problem
 from kernel_attention.kernels import SquaredForm
 
-__all__ = ["MAX_SPREAD", "key_spread", "squared_why_not", "squared_smoother"]
+__all__ = ["MAX_SPREAD", "masked_key_log", "key_spread", "squared_route", "squared_smoother"]
 
 #: Largest max - min of the per-key log factor over kept keys that this path accepts (module docstring).
 MAX_SPREAD = 40.0
@@ -44,8 +44,10 @@ MAX_SPREAD = 40.0
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def _masked_key_log(key_log: Tensor, keep: Tensor | None) -> Tensor:
-    """``key_log`` with -inf at the keys that no query keeps (``keep`` broadcastable to (B, H, Tq, Tk))."""
+def masked_key_log(key_log: Tensor, keep: Tensor | None) -> Tensor:
+    """``key_log`` (B, H, Tk) with -inf at the keys that no query keeps (``keep`` broadcastable to
+    (B, H, Tq, Tk)): the factor's range, and the maximum that :func:`squared_smoother` subtracts, are
+    over the kept keys alone."""
     if keep is None:
         return key_log
     while keep.dim() < 4:
@@ -53,37 +55,40 @@ def _masked_key_log(key_log: Tensor, keep: Tensor | None) -> Tensor:
     return key_log.masked_fill(~keep.any(-2), float("-inf"))
 
 
-def key_spread(key_log: Tensor, keep: Tensor | None) -> float:
-    """max - min of ``key_log`` (B, H, Tk) over the keys some query keeps, the largest over (B, H);
-    0 where a (B, H) slice keeps no key."""
-    m = _masked_key_log(key_log.detach(), keep)
+def key_spread(m: Tensor) -> float:
+    """max - min of a masked key log ``m`` (B, H, Tk) over its finite entries, the largest over
+    (B, H); 0 where a (B, H) slice keeps no key."""
+    m = m.detach()
     hi = m.amax(-1)
     lo = torch.where(torch.isinf(m), torch.full_like(m, float("inf")), m).amin(-1)
     spread = torch.where(torch.isinf(hi), torch.zeros_like(hi), hi - lo)
     return float(spread.max()) if spread.numel() else 0.0
 
 
-def squared_why_not(p: Problem) -> str | None:
-    """None when ``p`` can run on this path; "" when its kernel has no :class:`SquaredForm`; otherwise
-    why not, in words (the ``fused`` backend adds it to its description)."""
+def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
+    """(m, None) when ``p`` can run on this path, m = :func:`masked_key_log` of the kernel's per-key
+    log factor (with its gradient; pass it to :meth:`Kernel.squared_form`); (None, "") when the kernel
+    has no :class:`SquaredForm`; otherwise (None, why not, in words), which the ``fused`` backend adds
+    to its description."""
     key_log = p.kernel.squared_key_log(p.k)
     if key_log is None:
-        return ""
+        return None, ""
     t = p.terms
     if p.q.device.type != "cpu":
-        return "measured on the CPU only"
+        return None, "measured on the CPU only"
     if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
                           or t.key_bias is not None or t.q_feat is not None):
-        return "positional terms enter log k"
+        return None, "positional terms enter log k"
     if p.dropout_p > 0:
-        return "dropout acts on the soft-max weights"
+        return None, "dropout acts on the soft-max weights"
     if p.q.dtype not in DTYPES:
-        return f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
-    spread = key_spread(key_log, p.keep)
+        return None, f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
+    m = masked_key_log(key_log, p.keep)
+    spread = key_spread(m)
     if spread > MAX_SPREAD:
-        return (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its exponentials "
-                f"would underflow")
-    return None
+        return None, (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its "
+                      f"exponentials would underflow")
+    return m, None
 
 
 def _block_weights(fq: Tensor, fk: Tensor, keep: Tensor | None, eps: float, rows: slice, cols: slice):
@@ -118,6 +123,7 @@ class _SquaredProduct(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward below is not itself differentiated
     def backward(ctx, g):
         fq, fk, vw = ctx.saved_tensors
         dfq, dfk, dvw = torch.zeros_like(fq), torch.zeros_like(fk), torch.zeros_like(vw)
@@ -139,8 +145,9 @@ class _SquaredProduct(torch.autograd.Function):
 def squared_smoother(form: SquaredForm, v: Tensor, keep: Tensor | None, blocks: list) -> Tensor:
     """The smoother of a kernel in :class:`SquaredForm`: v (B, H, Tk, Dv), ``keep`` the 4-d filter mask
     (or None) and ``blocks`` [(r0, r1, lo, hi)] from :func:`~kernel_attention.backends.chunked.plan_blocks`.
-    Returns (B, H, Tq, Dv).  The caller checks :func:`key_spread` against ``MAX_SPREAD``."""
-    m = _masked_key_log(form.key_log.to(v.dtype), keep)
+    Returns (B, H, Tq, Dv).  ``form.key_log`` must be masked (:func:`masked_key_log`) and its
+    :func:`key_spread` at most ``MAX_SPREAD``: :func:`squared_route` checks both."""
+    m = form.key_log.to(v.dtype)
     top = m.amax(-1, keepdim=True).detach()
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # a slice that keeps no key
     w = torch.exp(m - top).unsqueeze(-1)                                # (B, H, Tk, 1), 0 at dropped keys

@@ -9,6 +9,8 @@ implicit_kernel_attention); ``--scale small`` shrinks model, data and steps so a
 CPU, and says exactly what it shrank (printed, and written into table.md).  ``--seeds N`` runs per cell
 (seeds; folds for classification; splits for regression).  Every cell is a normal training run under
 ``OUT/NAME/cells/<cell>/``; finished cells (result.json) are skipped, unfinished ones resume from last.pt.
+Several processes may run one study into the same OUT at once (say one per core): each skips the
+cells another is training.
 Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
 """
 

@@ -11,13 +11,19 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
 
 "diverged": a non-finite training loss or validation score (TD's "not converge"); "error": an exception
 (its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).
+
+Several processes may run one study into the same OUT at once (one per core, say): a process holds an
+exclusive ``flock`` on ``cells/<cell>/running.lock`` while it trains the cell, and the others skip it.
+The operating system drops the lock when its process ends, so a killed run leaves nothing to clean up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -26,7 +32,7 @@ from typing import Any
 
 from kernel_attention.study.core import Cell, Study, StudyOptions
 
-__all__ = ["run_cell", "run_study", "read_results", "cell_dir"]
+__all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock"]
 
 
 def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
@@ -132,6 +138,33 @@ def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]
     return res
 
 
+@contextlib.contextmanager
+def cell_lock(d: Path):
+    """Yields True while this process holds the cell folder ``d``'s lock (module docstring), False when
+    another process holds it.  Without ``fcntl`` (not POSIX) there is no lock and it yields True."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield True
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / "running.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _finished(path: Path, retry_errors: bool) -> bool:
+    """Whether the cell with ``result.json`` at ``path`` counts as finished."""
+    return path.is_file() and not (retry_errors and json.loads(path.read_text()).get("status") == "error")
+
+
 def _fmt_s(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -152,28 +185,29 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     if len(set(ids)) != len(ids):
         raise ValueError(f"study {study.name}: duplicate cell ids")
     table_of = {t.name: t for t in study.tables}
-    todo = []
-    for c in cells:
-        p = cell_dir(out, study, c) / "result.json"
-        if p.is_file() and not (retry_errors and json.loads(p.read_text()).get("status") == "error"):
-            continue
-        todo.append(c)
-    n, done0 = len(cells), len(cells) - len(todo)
-    log(f"study {study.name} ({options.scale}): {n} cells, {done0} already finished, {len(todo)} to run")
+    todo = [c for c in cells if not _finished(cell_dir(out, study, c) / "result.json", retry_errors)]
+    n, done = len(cells), len(cells) - len(todo)
+    log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
     if not run:
         return cells, read_results(out, study, cells), shrink
     start, spent = time.time(), []
     for i, c in enumerate(todo):
         d = cell_dir(out, study, c)
-        metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
-        t0 = time.time()
-        rec = run_cell(c, d, metric)
-        rec["scale"] = options.scale
-        (d / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+        with cell_lock(d) as held:
+            # another process may be running the cell, or have finished it since the list was made
+            if not held or _finished(d / "result.json", retry_errors):
+                log(f"[{study.name}] {c.id}: " + ("running in another process, skipped" if not held else
+                                                  "finished by another process"))
+                continue
+            metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
+            t0 = time.time()
+            rec = run_cell(c, d, metric)
+            rec["scale"] = options.scale
+            (d / "result.json").write_text(json.dumps(rec, indent=1, default=str))
         spent.append(time.time() - t0)
-        left = len(todo) - i - 1
-        eta = sum(spent) / len(spent) * left
-        log(f"[{study.name}] {done0 + i + 1}/{n} cells done | {c.id}: {rec['status']} valid={rec['valid']} "
+        done += 1
+        eta = sum(spent) / len(spent) * (len(todo) - i - 1)
+        log(f"[{study.name}] {done}/{n} cells done | {c.id}: {rec['status']} valid={rec['valid']} "
             f"test={rec['test']} ({_fmt_s(spent[-1])}) | elapsed {_fmt_s(time.time() - start)}, "
             f"about {_fmt_s(eta)} left")
     return cells, read_results(out, study, cells), shrink
