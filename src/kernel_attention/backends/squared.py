@@ -21,9 +21,9 @@ V' and the division are formed outside the block loop with autograd (their cost 
 query whose filtered set is empty has N_R = 0 and gets a zero output and zero gradient.
 
 **Range.**  w_j underflows where m_j lies far below the largest kept m.  :func:`key_spread` measures
-max - min of m over the keys some query keeps (:func:`squared_route`); the backend takes this path only while it is at most
-``MAX_SPREAD`` = 40 (then every kept w is at least e^-40 and the smallest kernel value, about
-eps · e^-40 = 4e-23, is a normal float32 or bfloat16 number) and otherwise keeps the soft-max path,
+max - min of m over the keys some query keeps; :func:`squared_route` takes this path only while it is
+at most ``MAX_SPREAD`` = 40 (then every kept w is at least e^-40 and the smallest kernel value, about
+eps · e^-40 = 4e-23, is a normal float32 or bfloat16 number) and otherwise leaves the soft-max path,
 which has no such limit (Lp magnitudes with small p, whose norms grow like D^(2/p), need it).
 """
 
