@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -19,22 +18,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["training_curves", "attention_heatmaps", "similarity_magnitude", "p_histograms", "metrics_of"]
+from kernel_attention.training.loop import read_metrics  # noqa: E402
+
+__all__ = ["training_curves", "attention_heatmaps", "similarity_magnitude", "p_histograms"]
 
 DPI = 80
-
-
-def metrics_of(run_dir: Path) -> list[dict]:
-    p = Path(run_dir) / "metrics.jsonl"
-    if not p.is_file():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
 
 
 def _save(fig, path: Path) -> str:
@@ -49,7 +37,7 @@ def training_curves(fig_dir: Path, table, cells, dir_of: Callable, results: list
     A column none of whose cells logged training (e.g. results carried over without their run folder)
     gets no panel; None when no column has a curve."""
     cells = [c for c in cells if c.table == table.name]
-    curves = {c.id: [r for r in metrics_of(dir_of(c)) if r.get("split") == "train" and "loss" in r] for c in cells}
+    curves = {c.id: [r for r in read_metrics(dir_of(c)) if r.get("split") == "train" and "loss" in r] for c in cells}
     status = {r["cell"]: r.get("status") for r in results}
     cols = [c for c, _ in table.cols if any(x.col == c and curves[x.id] for x in cells)]
     if not cols:

@@ -15,8 +15,9 @@ from pathlib import Path
 from kernel_attention.data.classification import CLASSIFICATION
 from kernel_attention.study.core import Cell, Study, StudyOptions, TableSpec, register_study
 from kernel_attention.study.dissection import SHRINK_NMT, _describe, _merge, load_paper_config, shrink_nmt
-from kernel_attention.study.figures import (attention_heatmaps, metrics_of, p_histograms, similarity_magnitude,
+from kernel_attention.study.figures import (attention_heatmaps, p_histograms, similarity_magnitude,
                                             training_curves)
+from kernel_attention.training.loop import read_metrics
 
 __all__ = ["SMALL_CLS", "SMALL_REG", "SMALL_GRAPH"]
 
@@ -51,7 +52,7 @@ def _fig3(fig_dir: Path, cells, dir_of, rows, name: str) -> list[str]:
         probed = [c for c in cells if c.row == rid and c.tags.get("probe")]
         if not probed:
             continue
-        recs = [r for r in metrics_of(dir_of(probed[0])) if r.get("split") == "valid"]
+        recs = [r for r in read_metrics(dir_of(probed[0])) if r.get("split") == "valid"]
         for r in recs:
             for key, v in r.items():
                 if key.endswith(".max_similarity"):

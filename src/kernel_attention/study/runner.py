@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_attention.study.core import Cell, Study, StudyOptions
+from kernel_attention.training.loop import read_metrics
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock"]
 
@@ -42,19 +43,6 @@ def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(float(x))
-
-
-def _read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return rows
 
 
 def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
@@ -81,7 +69,7 @@ def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
         rec["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     rec["wall_s"] = round(time.time() - t0, 1)
-    rows = _read_metrics(run_dir)
+    rows = read_metrics(run_dir)
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
     final = summary.get("final") or {}

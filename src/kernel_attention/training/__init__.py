@@ -13,9 +13,9 @@
 
 from kernel_attention.training.checkpoint import load_checkpoint, save_checkpoint
 from kernel_attention.training.config import TrainConfig, seed_everything
-from kernel_attention.training.loop import Trainer
+from kernel_attention.training.loop import Trainer, read_metrics
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task, unwrap
 
-__all__ = ["Task", "unwrap", "TrainConfig", "Trainer", "seed_everything", "SCHEDULES", "save_checkpoint",
-           "load_checkpoint"]
+__all__ = ["Task", "unwrap", "TrainConfig", "Trainer", "read_metrics", "seed_everything", "SCHEDULES",
+           "save_checkpoint", "load_checkpoint"]

@@ -60,11 +60,26 @@ from kernel_attention.training.config import TrainConfig, seed_everything
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task
 
-__all__ = ["Trainer", "TIMING_KEYS"]
+__all__ = ["Trainer", "TIMING_KEYS", "read_metrics"]
 
 #: keys of metrics.jsonl records that depend on wall-clock time (everything else is reproducible)
 TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
 
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` in order ([] when there is none); a line cut short by a
+    killed run is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
 
 class Trainer:
     """Trains ``task``'s model under ``config``, writing into ``run_dir`` (see the module docstring).
