@@ -227,6 +227,8 @@ def machine(threads: int | None = None) -> str:
     """The machine in one line; ``threads``: the torch threads each cell ran with."""
     import torch
 
+    from kernel_attention.malloc import in_effect
+
     cpu = platform.processor() or "?"
     try:
         with open("/proc/cpuinfo") as f:
@@ -238,7 +240,8 @@ def machine(threads: int | None = None) -> str:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return (f"{platform.system()} {platform.machine()}, CPU {cpu}, {os.cpu_count()} cores, torch "
-            f"{torch.__version__}, {threads or torch.get_num_threads()} torch thread(s) per cell, GPU: {gpu}")
+            f"{torch.__version__}, {threads or torch.get_num_threads()} torch thread(s) per cell, GPU: {gpu}, "
+            f"malloc: {'large allocations from the heap' if in_effect() == 'heap' else 'glibc defaults'}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -323,9 +326,12 @@ def main(argv=None) -> int:
     p.add_argument("--cell", help=argparse.SUPPRESS)
     add_arguments(p)
     args = p.parse_args(argv)
-    if args.cell:
+    if args.cell:  # a child: glibc read its malloc settings from the environment the parent gave it
         print(json.dumps(run_cell(json.loads(args.cell))))
         return 0
+    from kernel_attention.malloc import configure
+
+    configure()  # as the command line does (kernel_attention.malloc)
     return run(args)
 
 

@@ -59,13 +59,20 @@ class _Skew(torch.autograd.Function):
         rows = x.shape[-2]
         if x.stride(-1) != 1 or x.stride(-2) != x.shape[-1]:
             x = x.contiguous()
-        ctx.shape, ctx.cols = x.shape, cols
+        ctx.shape, ctx.stride, ctx.cols = x.shape, x.stride(), cols
         return _skew_view(x, rows, cols)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        gx = g.new_zeros(ctx.shape)
-        _skew_view(gx, ctx.shape[-2], ctx.cols).copy_(g)
+        # The gradient takes the logits' own layout (rel_logits makes them as (H, B, rows, S) and views
+        # them as (B, H, ...)), so the product behind them gets it without a transposing copy.  Row i
+        # of the view covers columns [rows-1-i, rows-1-i+cols): only the two bands [0, rows-1) and
+        # [cols, S) can lie outside it, so those are zeroed before the copy instead of the whole buffer.
+        rows, cols = ctx.shape[-2], ctx.cols
+        gx = torch.empty_strided(ctx.shape, ctx.stride, dtype=g.dtype, device=g.device)
+        gx[..., :rows - 1].zero_()
+        gx[..., cols:].zero_()
+        _skew_view(gx, rows, cols).copy_(g)
         return gx, None
 
 

@@ -33,11 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernel_attention.malloc import configure
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
+    configure()  # large CPU tensors from the heap (kernel_attention.malloc says why)
     return int(args._run(args) or 0)
 
 
