@@ -59,4 +59,5 @@ def configure() -> str:
 
 def in_effect() -> str:
     """The setting that processes started from here get, from the environment: "heap" or "system"."""
-    return "heap" if os.environ.get("MALLOC_MMAP_MAX_") == "0" else "system"
+    mmap_max = "MALLOC_MMAP_MAX_"  # the setting that takes large blocks off mmap; the trim threshold only keeps them
+    return "heap" if os.environ.get(mmap_max) == CHILD_ENV[mmap_max] else "system"
