@@ -1,0 +1,162 @@
+"""The fused backend's special paths: the squared path of the implicit kernels, Shaw's banded path and
+FlexAttention's score_mod and block masks (forward on the CPU), each against ``dense`` and with the
+path ``explain`` names."""
+
+import pytest
+import torch
+from _common import DT, D, H, close, inputs, padding_mask, run
+
+import kernel_attention as ka
+from kernel_attention.functional import attention, explain
+from kernel_attention.positions import default_positions, make_position
+
+IMPLICIT = ["ikas", "ikans", "ikan", "mikan", "ikan-direct"]
+
+
+@pytest.mark.parametrize("kernel", IMPLICIT)
+def test_fused_squared_path_matches_dense(kernel):
+    """The implicit kernels run as k / sum k per block (backends/squared.py): values and gradients
+    (the spectral density's or ikan-direct's points included) equal dense's under a full, causal,
+    sparse, padding (one sequence keeping no key) and causal & padding filter, and for Tq != Tk."""
+    cases = ((None, None, 23), ("causal", None, 23), ("local:window=4", None, 23),
+             (None, padding_mask(23, empty=True), 23), ("causal", padding_mask(23), 23), (None, None, 11))
+    for filt, km, tq in cases:
+        q, k, v = inputs(tq, 23)
+        kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(DT).eval()
+        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
+        assert "k / sum k" in why and "blocked SDPA" not in why, (filt, why)
+        close(run("fused:block=1024", kernel, "none", filt, key_mask=km, tq=tq),
+               run("dense", kernel, "none", filt, key_mask=km, tq=tq))
+
+
+def test_fused_squared_path_in_training_draws_the_spectral_points_once():
+    """In training the R spectral points are sampled per call (in eval mode they are all the posterior
+    mean): the squared path draws them once, as dense does -- same output, gradients (the density's
+    parameters included) and KL for the same seed."""
+    q, k, v = inputs(23, 23)
+    kern = ka.make_kernel("mikan", n_heads=H, d_head=D).to(DT).train()
+    params = [q, k, v] + [w for w in kern.parameters() if w.requires_grad]
+    res = []
+    for backend in ("dense", "fused"):
+        torch.manual_seed(5)
+        out = attention(q, k, v, kern, "causal", backend=backend)
+        grads = torch.autograd.grad(out, params, torch.ones_like(out) + out.detach(), allow_unused=True)
+        res.append(((out, grads), kern.regularization()))
+    close(res[1][0], res[0][0])
+    torch.testing.assert_close(res[0][1], res[1][1], atol=0, rtol=0)
+
+
+def test_fused_squared_path_range_and_fallbacks():
+    """The per-key factor exp(m_j) is taken relative to the largest m of the keys some query keeps:
+    a huge key that every query drops does not underflow the others (float32 checked against float64
+    dense); a kept key 40+ log-units above the rest sends the call to the soft-max path, which explain
+    says; ``squared=false`` and bfloat16 as documented."""
+    q, k, v = inputs(23, 23)
+    km = padding_mask(23)
+    k_big = k.detach().clone()
+    k_big[1, :, -1] *= 10.0   # sequence 1's last key is padding: ||k||^2 / (2 sqrt(d)) about 140 above the rest
+    kern = ka.make_kernel("ikas", n_heads=H, d_head=D).eval()
+    ref = attention(q, k_big, v, kern.to(DT), None, key_mask=km, backend="dense")
+    kern = kern.float()
+    args = (q.detach().float(), k_big.float(), v.detach().float())
+    assert "k / sum k" in explain(*args, kern, None, key_mask=km, backend="fused").reasons["fused"]
+    out = attention(*args, kern, None, key_mask=km, backend="fused")
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+    # the same key kept: the soft-max path, still equal to dense
+    why = explain(*args, kern, None, backend="fused").reasons["fused"]
+    assert "blocked SDPA" in why and "squared form is not used: the per-key log factor spans" in why
+    torch.testing.assert_close(attention(*args, kern, None, backend="fused").double(),
+                               attention(q, k_big, v, kern.to(DT), None, backend="dense"), atol=1e-5, rtol=1e-4)
+    kern = kern.float()
+    why = explain(*args, kern, "causal", backend="fused:squared=false").reasons["fused"]
+    assert "squared form is not used: squared=false" in why
+    # bfloat16 inputs: the same path, within bfloat16's precision of float64 dense
+    qb, kb, vb = (x.detach().to(torch.bfloat16) for x in (q, k, v))
+    assert "k / sum k" in explain(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused").reasons["fused"]
+    out = attention(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused")
+    ref = attention(qb.double(), kb.double(), vb.double(), kern.to(DT), "causal", backend="dense")
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_flex_score_mod_forward_matches_dense_on_cpu():
+    # FlexAttention has no backward on CPU, so the backend never picks it there; its score_mod and
+    # block mask are still checked here, forward only, in eager mode, on the features the backend
+    # passes it (positional features concatenated): Shaw's clipped index computed in the kernel
+    # (self-attention), gathered from the index (a memory in front of the segment), product, key bias.
+    from kernel_attention.backends.flex import flex_smoother, flex_why_not
+    from kernel_attention.backends.fused import sdpa_features
+    from kernel_attention.functional import build_problem
+    from kernel_attention.smoother import dense_smoother
+
+    for kernel, position, filt, tq, tk in (("rbf", "shaw", "causal", 32, 32), ("exp", "shaw:clip=3", None, 32, 32),
+                                           ("exp", "shaw", "memory", 16, 32),
+                                           ("periodic", "product", "local:window=5", 32, 32)):
+        q, k, v = (x.detach().float() for x in inputs(tq, tk))
+        pos = make_position(position, d_model=H * D, n_heads=H, d_head=D)
+        pq, pk = default_positions(tq, tk, "cpu", True)
+        with torch.no_grad():
+            p = build_problem(q, k, v, kernel, filt, terms=pos.terms(q, k, pq, pk))
+            assert flex_why_not(p) is not None and flex_why_not(p, allow_cpu=True) is None
+            out = flex_smoother(p, *sdpa_features(p, key_bias="mask"))
+            ref, _ = dense_smoother(q, k, v, p.kernel, p.keep, p.terms)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
+@pytest.mark.parametrize("filt", [None, "causal"])
+@pytest.mark.parametrize("clip", [1, 3])
+def test_shaw_banded_path_matches_dense(kernel, filt, clip):
+    """Shaw's clipped table as shifted causal SDPA calls plus a band (backends/banded.py): values and
+    gradients (q, k, v, the table) equal dense and the blocked path; explain names the path."""
+    position = f"shaw:clip={clip}"
+    ref = run("dense", kernel, position, filt, tq=29, tk=29)
+    close(run("fused", kernel, position, filt, tq=29, tk=29), ref)
+    close(run("fused:banded=false,block=1024", kernel, position, filt, tq=29, tk=29), ref)
+    q, k, v = inputs(29, 29)
+    pos = make_position(position, d_model=H * D, n_heads=H, d_head=D).to(DT)
+    terms = pos.terms(q, k, *default_positions(29, 29, "cpu", True))
+    assert f"shaw clipped at {clip}" in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms, backend="fused"))
+    assert "shaw clipped" not in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms,
+                                             backend="fused:banded=false"))
+
+
+def test_shaw_banded_path_not_taken_where_it_does_not_apply():
+    """Padding, a short sequence (T <= 4 clip), a memory in front of the segment or a relative value table
+    leave the banded path (and the blocked path still agrees with dense)."""
+    q, k, v = inputs(29, 29)
+    pos = make_position("shaw:clip=3", d_model=H * D, n_heads=H, d_head=D).to(DT)
+    terms = pos.terms(q, k, *default_positions(29, 29, "cpu", True))
+    km = padding_mask(29)
+    assert "shaw clipped" not in str(explain(q, k, v, kernel="exp", key_mask=km, terms=terms, backend="fused"))
+    short = pos.terms(q[..., :12, :], k[..., :12, :], *default_positions(12, 12, "cpu", True))
+    assert "shaw clipped" not in str(explain(q[..., :12, :], k[..., :12, :], v[..., :12, :], kernel="exp",
+                                             terms=short, backend="fused"))
+    mem = pos.terms(q[..., 9:, :], k, *default_positions(20, 29, "cpu", True))
+    assert "shaw clipped" not in str(explain(q[..., 9:, :], k, v, kernel="exp", terms=mem, backend="fused"))
+    close(run("fused", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km),
+           run("dense", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km))
+    close(run("fused", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"),
+           run("dense", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"))
+
+
+def test_flex_block_masks_are_kept_for_spec_filters_only():
+    """A BlockMask is built once per (filter spec, Tq, Tk, device); masks that depend on the batch's
+    padding or on a user's tensor are built per call."""
+    from kernel_attention.backends.flex import _BLOCK_MASKS, _block_mask
+    from kernel_attention.filters import MaskFilter, Padding, make_filter
+    from kernel_attention.functional import build_problem
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v = (x.detach().float() for x in inputs(32, 32))
+    _BLOCK_MASKS.clear()
+    first = _block_mask(build_problem(q, k, v, "exp", "local:window=5"), create_block_mask)
+    assert _block_mask(build_problem(q, k, v, "exp", "local:window=5"), create_block_mask) is first
+    assert _block_mask(build_problem(q, k, v, "exp", "local:window=6"), create_block_mask) is not first
+    assert len(_BLOCK_MASKS) == 2
+    _block_mask(build_problem(q, k, v, "exp", "causal", key_mask=padding_mask(32)), create_block_mask)
+    _block_mask(build_problem(q, k, v, "exp", torch.ones(32, 32, dtype=torch.bool).tril()), create_block_mask)
+    assert len(_BLOCK_MASKS) == 2
+    assert make_filter("causal&local:window=3").by_spec and make_filter("cross").by_spec
+    assert not make_filter("padding").by_spec and not make_filter("causal&padding").by_spec
+    assert not Padding(padding_mask(32)).by_spec and not MaskFilter(torch.ones(32, 32, dtype=torch.bool)).by_spec
+    assert not (make_filter("causal") | MaskFilter(torch.ones(32, 32, dtype=torch.bool))).by_spec
