@@ -1,4 +1,5 @@
-"""heap_malloc: large CPU tensors reuse freed heap memory instead of faulting in fresh pages."""
+"""heap_malloc: large CPU tensors reuse freed heap memory instead of faulting in fresh pages, and tensors
+above the mmap threshold still go back to the system when freed."""
 
 import json
 import os
@@ -42,6 +43,33 @@ def test_heap_malloc_reuses_large_blocks_instead_of_faulting_pages_in():
     assert heap["on"] and not system["on"]
     assert system["faults"] > 0.9 * pages, system  # a fresh mmap per allocation
     assert heap["faults"] < pages // 4, heap       # the freed block is reused
+
+
+# Allocate and touch a tensor just above the mmap threshold, free it, and report the resident set before,
+# during and after (MB): a block served from the heap would stay resident under the trim threshold.
+_ABOVE = """
+import json, os, sys, torch
+from kernel_attention.malloc import MMAP_THRESHOLD, heap_malloc
+assert heap_malloc(children=False)
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+before = rss()
+x = torch.empty(MMAP_THRESHOLD // 4 + 2 ** 22)
+x.fill_(1.0)
+during = rss()
+del x
+print(json.dumps({"before": before, "during": during, "after": rss()}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_tensors_above_the_threshold_go_back_to_the_system():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _ABOVE], capture_output=True, text=True, env=env, check=True)
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    size = malloc.MMAP_THRESHOLD / 2 ** 20 + 16
+    assert m["during"] - m["before"] > 0.9 * size, m
+    assert m["after"] - m["before"] < 0.1 * size, m
 
 
 def test_configure_reads_its_environment_variable(monkeypatch):

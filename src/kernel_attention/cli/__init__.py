@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
-    configure()  # large CPU tensors from the heap (kernel_attention.malloc says why)
+    configure()  # CPU tensors under 256 MiB from the heap (kernel_attention.malloc says why)
     return int(args._run(args) or 0)
 
 
