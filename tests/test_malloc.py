@@ -30,10 +30,15 @@ print(json.dumps({"on": on, "faults": resource.getrusage(resource.RUSAGE_SELF).r
 """
 
 
-def _faults(mode):
+def _probe(code, *args):
+    """Run ``code`` in a fresh interpreter without glibc's MALLOC_ variables; its last line, as JSON."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _faults(mode):
+    return _probe(_PROBE, mode)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
@@ -64,9 +69,7 @@ print(json.dumps({"before": before, "during": during, "after": rss()}))
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_tensors_above_the_threshold_go_back_to_the_system():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", _ABOVE], capture_output=True, text=True, env=env, check=True)
-    m = json.loads(out.stdout.strip().splitlines()[-1])
+    m = _probe(_ABOVE)
     size = malloc.MMAP_THRESHOLD / 2 ** 20 + 16
     assert m["during"] - m["before"] > 0.9 * size, m
     assert m["after"] - m["before"] < 0.1 * size, m

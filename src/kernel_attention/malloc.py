@@ -6,17 +6,17 @@ again on ``free``.  The blocked backends allocate a few (B, H, rows, Tk) tensors
 (42 MB each at B=4, H=8, 256 rows, T=1024), so every block of every call pays those page faults again:
 ``xl`` at T=1024 spent about a fifth of its forward+backward time on them (docs/benchmarks.md).
 
-:func:`heap_malloc` raises the mmap threshold to 256 MiB (``M_MMAP_THRESHOLD``; blocks below it come from
+:func:`heap_malloc` raises the mmap threshold to 256 MiB (``M_MMAP_THRESHOLD``: blocks below it come from
 the heap, and freed ones are reused) and the trim threshold to 1 GiB (``M_TRIM_THRESHOLD``: freed memory
 at the top of the heap is kept for the next block): glibc's form of PyTorch's advice to run CPU work
 with jemalloc or tcmalloc.  Blocks of 256 MiB and more still get their own maps, returned to the system
-on ``free``: serving those from the heap too (``M_MMAP_MAX = 0``, the first form of this setting) left
-holes of freed (B, H, T, T) tensors resident: dense attention at B=4, T=4096 peaked at 12-16 GB instead
-of 6.3 GB (exp, full / causal), or was killed for memory (rbf, shaw, xl).  The cost that remains is that the process keeps up to its peak of
-sub-threshold blocks instead of returning it between steps.  It is process-wide, so importing the library
-never does it: the command line does at start (``KERNEL_ATTENTION_MALLOC=system`` keeps glibc's
-defaults), and a script calls :func:`heap_malloc` itself or runs with the variables of
-:data:`CHILD_ENV` in its environment.
+on ``free``.  Serving those from the heap too (``M_MMAP_MAX = 0``, the first form of this setting) left
+freed (B, H, T, T) tensors resident as holes in the heap: dense attention at B=4, T=4096 peaked at
+12-19 GB instead of 6.0-6.3 GB, or was killed for memory.  The cost that remains is that the process
+keeps up to its peak of sub-threshold blocks instead of returning it between steps.  It is
+process-wide, so importing the library never does it: the command line does at start
+(``KERNEL_ATTENTION_MALLOC=system`` keeps glibc's defaults), and a script calls :func:`heap_malloc`
+itself or runs with the variables of :data:`CHILD_ENV` in its environment.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHO
 def heap_malloc(children: bool = True) -> bool:
     """Serve this process's allocations below :data:`MMAP_THRESHOLD` from the heap (module docstring);
     with ``children``, also put the settings in ``os.environ`` so that processes started from here
-    inherit them.  Returns
-    whether it took effect (False where the C library is not glibc)."""
+    inherit them.  Returns whether it took effect (False where the C library is not glibc)."""
     if platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -69,5 +68,5 @@ def configure() -> str:
 
 def in_effect() -> str:
     """The setting that processes started from here get, from the environment: "heap" or "system"."""
-    var = "MALLOC_MMAP_THRESHOLD_"  # the setting that takes large blocks off mmap; the trim threshold only keeps them
+    var = "MALLOC_MMAP_THRESHOLD_"  # the setting that moves blocks off mmap; the trim threshold only keeps them
     return "heap" if os.environ.get(var) == CHILD_ENV[var] else "system"
