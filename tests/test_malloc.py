@@ -84,3 +84,16 @@ def test_configure_reads_its_environment_variable(monkeypatch):
     monkeypatch.setenv(malloc.ENV, "jemalloc")
     with pytest.raises(ValueError, match="KERNEL_ATTENTION_MALLOC='jemalloc' is not one of"):
         malloc.configure()
+
+
+def test_machine_lines_name_the_setting_children_get(monkeypatch):
+    from kernel_attention.backends.bench import machine as bench_machine
+    from kernel_attention.study.api import machine as study_machine
+
+    for var, value in malloc.CHILD_ENV.items():
+        monkeypatch.setenv(var, value)
+    assert malloc.describe() == "blocks under 256 MiB from the heap"
+    assert bench_machine(1).endswith("malloc: blocks under 256 MiB from the heap")
+    assert study_machine().endswith("malloc: blocks under 256 MiB from the heap")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    assert malloc.describe() == "glibc defaults" and study_machine().endswith("malloc: glibc defaults")

@@ -25,7 +25,7 @@ import ctypes
 import os
 import platform
 
-__all__ = ["ENV", "MMAP_THRESHOLD", "heap_malloc", "configure", "in_effect"]
+__all__ = ["ENV", "MMAP_THRESHOLD", "heap_malloc", "configure", "in_effect", "describe"]
 
 #: Environment variable read by :func:`configure`: "heap" (default) or "system".
 ENV = "KERNEL_ATTENTION_MALLOC"
@@ -70,3 +70,8 @@ def in_effect() -> str:
     """The setting that processes started from here get, from the environment: "heap" or "system"."""
     var = "MALLOC_MMAP_THRESHOLD_"  # the setting that moves blocks off mmap; the trim threshold only keeps them
     return "heap" if os.environ.get(var) == CHILD_ENV[var] else "system"
+
+
+def describe() -> str:
+    """:func:`in_effect` in words, for the machine lines of benchmarks and study tables."""
+    return f"blocks under {MMAP_THRESHOLD >> 20} MiB from the heap" if in_effect() == "heap" else "glibc defaults"

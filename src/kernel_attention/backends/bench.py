@@ -227,7 +227,7 @@ def machine(threads: int | None = None) -> str:
     """The machine in one line; ``threads``: the torch threads each cell ran with."""
     import torch
 
-    from kernel_attention.malloc import MMAP_THRESHOLD, in_effect
+    from kernel_attention.malloc import describe
 
     cpu = platform.processor() or "?"
     try:
@@ -241,7 +241,7 @@ def machine(threads: int | None = None) -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return (f"{platform.system()} {platform.machine()}, CPU {cpu}, {os.cpu_count()} cores, torch "
             f"{torch.__version__}, {threads or torch.get_num_threads()} torch thread(s) per cell, GPU: {gpu}, "
-            f"malloc: {f'blocks under {MMAP_THRESHOLD >> 20} MiB from the heap' if in_effect() == 'heap' else 'glibc defaults'}")
+            f"malloc: {describe()}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -16,12 +16,15 @@ __all__ = ["execute", "machine"]
 
 def machine() -> str:
     """This machine as a table's wall-time line names it; with the GPU the cells run on, if any
-    (training picks ``cuda`` whenever it is available)."""
+    (training picks ``cuda`` whenever it is available), and the malloc setting of the process
+    (:mod:`kernel_attention.malloc`: it changes the CPU wall times of the blocked attention paths)."""
     import os
     import torch
+
+    from kernel_attention.malloc import describe
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (f"{platform.machine()} {os.cpu_count()} CPU cores, {platform.system()}, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} thread(s){gpu}")
+            f"{torch.get_num_threads()} thread(s){gpu}, malloc: {describe()}")
 
 
 def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
