@@ -37,14 +37,10 @@ def _probe(code, *args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _faults(mode):
-    return _probe(_PROBE, mode)
-
-
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_heap_malloc_reuses_large_blocks_instead_of_faulting_pages_in():
     pages = 8 * 64 * 2 ** 20 // os.sysconf("SC_PAGE_SIZE")
-    system, heap = _faults("system"), _faults("heap")
+    system, heap = _probe(_PROBE, "system"), _probe(_PROBE, "heap")
     assert heap["on"] and not system["on"]
     assert system["faults"] > 0.9 * pages, system  # a fresh mmap per allocation
     assert heap["faults"] < pages // 4, heap       # the freed block is reused

@@ -25,7 +25,7 @@ import ctypes
 import os
 import platform
 
-__all__ = ["ENV", "MMAP_THRESHOLD", "heap_malloc", "configure", "in_effect", "describe"]
+__all__ = ["ENV", "MMAP_THRESHOLD", "CHILD_ENV", "heap_malloc", "configure", "in_effect", "describe"]
 
 #: Environment variable read by :func:`configure`: "heap" (default) or "system".
 ENV = "KERNEL_ATTENTION_MALLOC"

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2
-    configure()  # CPU tensors under 256 MiB from the heap (kernel_attention.malloc says why)
+    configure()  # per-block CPU tensors from the heap (kernel_attention.malloc says which and why)
     return int(args._run(args) or 0)
 
 
