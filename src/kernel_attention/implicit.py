@@ -204,7 +204,7 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
         f.sliced_args = ["rows", "cols"]
         return [fq, fk], f
 
-    def _squared(self) -> bool:
+    def has_squared_form(self) -> bool:
         """Whether :class:`SquaredForm` holds: not for a subclass that redefines the similarity or the
         magnitude."""
         return (self._feature_similarity()
@@ -212,7 +212,7 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
 
     def squared_key_log(self, k: Tensor) -> Tensor | None:
         """The magnitude's key term ||k||_p^2 / denom, (B, H, Tk) (zero without a magnitude)."""
-        if not self._squared():
+        if not self.has_squared_form():
             return None
         if not self.use_magnitude:
             return k.new_zeros(k.shape[:-1])
@@ -220,7 +220,7 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
 
     def squared_form(self, q: Tensor, k: Tensor, key_log: Tensor | None = None) -> SquaredForm | None:
         """k = (f^2 + eps) · exp(magnitude), f = phi(q)^T phi(k) / n: the features with 1/n on phi(q)."""
-        if not self._squared():
+        if not self.has_squared_form():
             return None
         ws = self.prepare(q, k)
         return SquaredForm(self.features(q, ws) / self.feature_norm(ws), self.features(k, ws), self.eps,

@@ -126,6 +126,10 @@ class Kernel(nn.Module):
         f.sliced_args = []
         return [], f
 
+    def has_squared_form(self) -> bool:
+        """Whether :meth:`squared_form` returns a :class:`SquaredForm` (decided without any tensor)."""
+        return False
+
     def squared_key_log(self, k: Tensor) -> Tensor | None:
         """The per-key log factor of :class:`SquaredForm`, (B, H, Tk), or None when the kernel has no
         such form.  Separate from :meth:`squared_form` so that a backend can check its range (a factor

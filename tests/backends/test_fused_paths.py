@@ -70,6 +70,10 @@ def test_fused_squared_path_range_and_fallbacks():
     kern = kern.float()
     why = explain(*args, kern, "causal", backend="fused:squared=false").reasons["fused"]
     assert "squared form is not used: squared=false" in why
+    # a kernel without the form names no squared path, whatever the option says
+    why = explain(*args, ka.make_kernel("rbf-only", n_heads=H, d_head=D), "causal",
+                  backend="fused:squared=false").reasons["fused"]
+    assert "blocked SDPA" in why and "squared" not in why
     # bfloat16 inputs: the same path, within bfloat16's precision of float64 dense
     qb, kb, vb = (x.detach().to(torch.bfloat16) for x in (q, k, v))
     assert "k / sum k" in explain(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused").reasons["fused"]

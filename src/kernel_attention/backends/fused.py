@@ -206,7 +206,7 @@ class FusedBackend(Backend):
             return Route("direct", mask=mask, is_causal=is_causal)
         if layout is None:
             if not self.squared:
-                why = "" if p.kernel.squared_key_log(p.k) is None else "squared=false"
+                why = "squared=false" if p.kernel.has_squared_form() else ""
                 return Route("blocked", squared=why)
             key_log, why = squared_route(p)
             if why is None:

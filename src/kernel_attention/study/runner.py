@@ -15,6 +15,8 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
 Several processes may run one study into the same OUT at once (one per core, say): a process holds an
 exclusive ``flock`` on ``cells/<cell>/running.lock`` while it trains the cell, and the others skip it.
 The operating system drops the lock when its process ends, so a killed run leaves nothing to clean up.
+The empty lock file itself stays: removing it while another process has it open would let a third
+create a new file and lock that, and two processes would train the cell.
 """
 
 from __future__ import annotations
