@@ -70,8 +70,7 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
     log factor (with its gradient; pass it to :meth:`Kernel.squared_form`); (None, "") when the kernel
     has no :class:`SquaredForm`; otherwise (None, why not, in words), which the ``fused`` backend adds
     to its description."""
-    key_log = p.kernel.squared_key_log(p.k)
-    if key_log is None:
+    if not p.kernel.has_squared_form():
         return None, ""
     t = p.terms
     if p.q.device.type != "cpu":
@@ -83,7 +82,7 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
         return None, "dropout acts on the soft-max weights"
     if p.q.dtype not in DTYPES:
         return None, f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
-    m = masked_key_log(key_log, p.keep)
+    m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep)
     spread = key_spread(m)
     if spread > MAX_SPREAD:
         return None, (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its "
