@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -187,3 +188,48 @@ def test_paper_scale_with_fewer_runs_says_so():
         assert any(expected in s for s in shrink), (name, shrink)
         _, shrink = get_study(name).build(StudyOptions(scale="paper"))
         assert not any(expected in s for s in shrink)
+
+
+def test_import_runs_carries_finished_cells_and_rejects_other_studies(tmp_path):
+    """A runs.csv carried into a new folder: its cells count as finished (not re-run), the table renders
+    the same numbers, more seeds run on top, and a CSV of another study or scale is refused."""
+    first = tmp_path / "first"
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), first, log=lambda m: None, figures=False)
+    csv_path = first / "synthetic-smoke" / "runs.csv"
+    table = (first / "synthetic-smoke" / "table.md").read_text()
+
+    out = tmp_path / "second"
+    logs = []
+    res = execute("synthetic-smoke", StudyOptions(scale="small", seeds=2), out, log=logs.append, figures=False,
+                  import_from=(csv_path,))
+    assert any("imported 2 finished cell(s)" in m for m in logs)
+    assert any("4 cells, 2 already finished, 2 to run" in m for m in logs)
+    cells = out / "synthetic-smoke" / "cells"
+    assert sorted(p.name for p in cells.iterdir() if (p / "last.pt").is_file()) == \
+        ["copy__exp__exact__s1", "copy__rbf__exact__s1"]  # only the new seed trained here
+    carried = json.loads((cells / "copy__exp__exact__s0" / "result.json").read_text())
+    original = json.loads((first / "synthetic-smoke" / "cells" / "copy__exp__exact__s0" / "result.json").read_text())
+    assert carried["imported_from"] == str(csv_path)
+    assert carried["test"] == pytest.approx(original["test"], rel=1e-12) and carried["seed"] == 0
+    assert len(res["results"]) == 4
+
+    # collecting only the imported seed renders the first folder's table (the numbers, not the command line)
+    logs = []
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path / "third", run=False,
+            figures=False, log=logs.append, import_from=(csv_path,))
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows and all(r in (tmp_path / "third" / "synthetic-smoke" / "table.md").read_text() for r in rows)
+    # importing again changes nothing: the cells are finished here now
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path / "third", run=False,
+            figures=False, log=logs.append, import_from=(csv_path,))
+    assert any("imported 0 finished cell(s)" in m and "2 already finished here" in m for m in logs)
+
+    text = csv_path.read_text()
+    (tmp_path / "other.csv").write_text(text.replace("synthetic-smoke,small", "dissection-kernels,small"))
+    (tmp_path / "paper.csv").write_text(text.replace("synthetic-smoke,small", "synthetic-smoke,paper"))
+    (tmp_path / "bad.csv").write_text(text.replace(",exp,exact,0,", ",exp,exact,1,"))
+    for name, message in (("other.csv", "a row of study 'dissection-kernels'"), ("paper.csv", "scale 'paper'"),
+                          ("bad.csv", "but {'seed': 1}"), ("missing.csv", "no such file")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path / "fourth", run=False,
+                    figures=False, log=lambda m: None, import_from=(tmp_path / name,))

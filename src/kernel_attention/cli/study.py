@@ -11,6 +11,8 @@ CPU, and says exactly what it shrank (printed, and written into table.md).  ``--
 ``OUT/NAME/cells/<cell>/``; finished cells (result.json) are skipped, unfinished ones resume from last.pt.
 Several processes may run one study into the same OUT at once (say one per core): each skips the
 cells another is training.
+``--import-runs CSV`` carries the finished cells of an earlier runs.csv in first (more seeds on top of
+published ones, say).
 Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
 """
 
@@ -38,6 +40,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--collect-only", action="store_true",
                    help="run no cell; rewrite runs.csv, table.md and figures from the finished cells")
+    p.add_argument("--import-runs", action="append", default=[], metavar="CSV",
+                   help="first carry the finished cells of a study's runs.csv (from another machine or an "
+                   "earlier folder) into OUT, so they are skipped and collected with the new ones; repeatable")
     p.add_argument("--list", action="store_true", help="list the studies and their cells, run nothing")
     return p
 
@@ -65,6 +70,11 @@ def run(args) -> int:
                         lm_data=args.lm_data)
     command = "" if args.collect_only else "kernel-attention study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if len(sys.argv) > 2 and sys.argv[1] == "study" else f"kernel-attention study {study.name} --scale {args.scale}"
-    execute(study.name, opts, args.out, command=command, retry_errors=args.retry_errors,
-            figures=not args.no_figures, log=lambda m: print(m, flush=True), run=not args.collect_only)
+    try:
+        execute(study.name, opts, args.out, command=command, retry_errors=args.retry_errors,
+                figures=not args.no_figures, log=lambda m: print(m, flush=True), run=not args.collect_only,
+                import_from=tuple(args.import_runs))
+    except ValueError as e:  # a runs.csv of another study or scale, an --only that selects nothing
+        print(f"kernel-attention study: {e}", file=sys.stderr)
+        return 2
     return 0

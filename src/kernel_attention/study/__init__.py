@@ -9,7 +9,8 @@ N seeds -> its test score; IKA: mean ± std) into ``OUT/<study>/runs.csv`` (ever
 ``OUT/<study>/table.md`` (ours beside the paper's, and what the ``small`` scale shrank), with the papers'
 figures in ``OUT/<study>/figures/``.
 
-Modules: core (Cell, Study, TableSpec, registry), runner (cells, resume, progress), report (protocols,
+Modules: core (Cell, Study, TableSpec, registry), runner (cells, resume, progress), carry (finished cells
+imported from a runs.csv), report (protocols,
 CSV, markdown), figures, probes (similarity/magnitude, attention capture), dissection / ika / smoke (the
 studies), api (execute).
 """

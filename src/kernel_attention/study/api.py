@@ -28,8 +28,9 @@ def machine() -> str:
 
 
 def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
-            figures: bool = True, log=print, run: bool = True) -> dict:
-    """Run (unless ``run=False``) + collect; returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
+            figures: bool = True, log=print, run: bool = True, import_from: tuple = ()) -> dict:
+    """Import (``import_from``: runs.csv files, see :mod:`.carry`), run (unless ``run=False``) + collect;
+    returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
     study = get_study(name)
     out = Path(out)
     sdir = out / study.name
@@ -42,7 +43,8 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
         recorded = json.loads((sdir / "study.json").read_text())
         command = command or recorded.get("command", "")
         host = recorded.get("machine", host)
-    cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log, run=run)
+    cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log, run=run,
+                                      import_from=import_from)
     for line in shrink:
         log(f"  {options.scale} scale: {line}")
     csv_path = write_csv(sdir / "runs.csv", study, results)

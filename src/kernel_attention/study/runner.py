@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.training.loop import read_metrics
 
@@ -161,10 +162,16 @@ def _fmt_s(s: float) -> str:
 
 
 def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
-              log=print, run: bool = True) -> tuple[list[Cell], list[dict], list[str]]:
+              log=print, run: bool = True, import_from: tuple[str | Path, ...] = ()
+              ) -> tuple[list[Cell], list[dict], list[str]]:
     """Run every unfinished cell of ``study`` (``run=False``: none, only collect); returns
-    ``(cells, results, shrink)``."""
+    ``(cells, results, shrink)``.  ``import_from``: runs.csv files whose finished cells are carried in
+    first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding."""
     cells, shrink = study.build(options)
+    for path in import_from:
+        n = import_runs(path, study, cells, options.scale, lambda c: cell_dir(out, study, c))
+        log(f"study {study.name}: imported {n['imported']} finished cell(s) from {path} "
+            f"({n['already_finished']} already finished here, {n['outside_grid']} outside this grid)")
     if options.only:
         def match(c, item):  # "a/b": the cell must match a and b (each a table, row or column id)
             return all(part in (c.table, c.row, c.col) for part in item.split("/"))
