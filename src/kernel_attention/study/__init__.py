@@ -10,9 +10,8 @@ N seeds -> its test score; IKA: mean ± std) into ``OUT/<study>/runs.csv`` (ever
 figures in ``OUT/<study>/figures/``.
 
 Modules: core (Cell, Study, TableSpec, registry), runner (cells, resume, progress), carry (finished cells
-imported from a runs.csv), report (protocols,
-CSV, markdown), figures, probes (similarity/magnitude, attention capture), dissection / ika / smoke (the
-studies), api (execute).
+imported from a runs.csv), report (protocols, CSV, markdown), figures, probes (similarity/magnitude,
+attention capture), dissection / ika / smoke (the studies), api (execute).
 """
 
 from kernel_attention.study.api import execute
