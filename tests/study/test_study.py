@@ -227,9 +227,10 @@ def test_import_runs_carries_finished_cells_and_rejects_other_studies(tmp_path):
     text = csv_path.read_text()
     (tmp_path / "other.csv").write_text(text.replace("synthetic-smoke,small", "dissection-kernels,small"))
     (tmp_path / "paper.csv").write_text(text.replace("synthetic-smoke,small", "synthetic-smoke,paper"))
-    (tmp_path / "bad.csv").write_text(text.replace(",exp,exact,0,", ",exp,exact,1,"))
+    (tmp_path / "bad.csv").write_text(text.replace(",rbf,exact,0,", ",rbf,exact,1,"))  # the second row
     for name, message in (("other.csv", "a row of study 'dissection-kernels'"), ("paper.csv", "scale 'paper'"),
-                          ("bad.csv", "but {'seed': 1}"), ("missing.csv", "no such file")):
+                          ("bad.csv", "line 3: cell copy__rbf__exact__s0 but {'seed': 1}"), ("missing.csv", "no such file")):
         with pytest.raises(ValueError, match=re.escape(message)):
             execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path / "fourth", run=False,
                     figures=False, log=lambda m: None, import_from=(tmp_path / name,))
+        assert not list((tmp_path / "fourth").glob("*/cells/*/result.json"))  # nothing of a wrong file

@@ -8,7 +8,8 @@ to the study's grid at the chosen scale and seeds and has no ``result.json`` yet
 those cells and ``--collect-only`` renders them beside the new ones: seeds 4-5 added on another machine to
 seeds 1-3 that ran earlier, say.  Each imported record names its source (``"imported_from"``).  A cell
 already finished here is left alone (the local run wins); rows of another study or scale, and rows whose
-table / row / column / seed disagree with their cell id, are errors (a wrong file, not something to merge).
+table / row / column / seed disagree with their cell id, are errors (a wrong file, not something to merge),
+and such a file imports nothing.
 Imported cells have no ``metrics.jsonl``, so the training-curve figures show only the cells run here.
 """
 
@@ -35,6 +36,7 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
         raise ValueError(f"--import-runs: no such file {str(path)!r} (a runs.csv written by a study)")
     by_id = {c.id: c for c in cells}
     counts = {"imported": 0, "already_finished": 0, "outside_grid": 0}
+    todo = []  # every row is checked before any is written: a wrong file imports nothing
     for n, rec in enumerate(read_csv(path), start=2):  # line 1 is the header
         where = f"{path}, line {n}"
         if rec.get("study", study.name) != study.name:
@@ -51,6 +53,8 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
         wrong = {k: rec.get(k) for k, v in fields.items() if rec.get(k) != v}
         if wrong:
             raise ValueError(f"{where}: cell {cell.id} but {wrong} (expected {fields})")
+        todo.append((cell, rec))
+    for cell, rec in todo:
         d = dir_of(cell)
         if (d / "result.json").is_file():
             counts["already_finished"] += 1
