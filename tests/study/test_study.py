@@ -234,3 +234,22 @@ def test_import_runs_carries_finished_cells_and_rejects_other_studies(tmp_path):
             execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path / "fourth", run=False,
                     figures=False, log=lambda m: None, import_from=(tmp_path / name,))
         assert not list((tmp_path / "fourth").glob("*/cells/*/result.json"))  # nothing of a wrong file
+
+
+def test_training_curves_name_a_row_whose_first_seeds_were_carried(tmp_path, monkeypatch):
+    """Seeds 1-3 carried (no log), seeds 4-5 run here: the row still gets its legend entry, once."""
+    from kernel_attention.study import figures
+    from kernel_attention.study.core import Cell
+
+    table = TableSpec("t", "T", "ppl", False, [("a", "A"), ("b", "B")], [("x", "X")], {})
+    cells = [Cell("s", "t", row, "x", seed, {}) for row in ("a", "b") for seed in range(1, 6)]
+    for c in cells:
+        if c.seed >= 4:
+            (tmp_path / c.id).mkdir()
+            (tmp_path / c.id / "metrics.jsonl").write_text(
+                "\n".join(json.dumps({"split": "train", "step": s, "loss": 1.0 / s}) for s in range(1, 6)))
+    saved = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: saved.append(fig) or str(path))
+    figures.training_curves(tmp_path / "fig", table, cells, lambda c: tmp_path / c.id, [])
+    lines, labels = saved[0].axes[0].get_legend_handles_labels()
+    assert labels == ["A", "B"] and len(saved[0].axes[0].get_lines()) == 4

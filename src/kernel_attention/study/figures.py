@@ -46,14 +46,14 @@ def training_curves(fig_dir: Path, table, cells, dir_of: Callable, results: list
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, col in zip(axes[0], cols):
         for i, (rid, rlab) in enumerate(table.rows):
-            for c in [x for x in cells if x.col == col and x.row == rid]:
+            logged = [x for x in cells if x.col == col and x.row == rid and curves[x.id]]
+            for c in logged:
                 m = curves[c.id]
-                if not m:
-                    continue
                 steps = [r["step"] for r in m]
                 loss = [r["loss"] if r["loss"] is not None and math.isfinite(r["loss"]) else float("nan") for r in m]
+                # one legend entry per row, on its first logged seed (carried cells have no curve)
                 ax.plot(steps, loss, color=colours[i % len(colours)], lw=0.8, alpha=0.8,
-                        label=rlab if c.seed == min(x.seed for x in cells if x.row == rid and x.col == col) else None)
+                        label=rlab if c is logged[0] else None)
                 if status.get(c.id) == "diverged":
                     finite = [(s, l) for s, l in zip(steps, loss) if math.isfinite(l)]
                     if finite:
