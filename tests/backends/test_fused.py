@@ -38,7 +38,7 @@ def test_fused_direct_path_matches_dense(kernel):
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
 def test_product_positions_concatenated_or_shared_by_the_batch(kernel):
     """product's positional features are the same for every sequence of a batch: for B > 1 on the CPU
-    they enter as a (1, H, rows, Tk) bias per block (blocked path), for B = 1 they are concatenated to
+    they enter as a (rows, Tk) term per head and block (sliced path), for B = 1 they are concatenated to
     the features (one SDPA call).  Both equal dense, W_T's gradient (summed over the batch) included,
     and explain names the form."""
     cases = [(2, None, None), (2, "causal", None), (2, None, padding_mask(23)), (1, None, None), (1, "causal", None)]

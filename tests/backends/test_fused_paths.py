@@ -164,3 +164,78 @@ def test_flex_block_masks_are_kept_for_spec_filters_only():
     assert not make_filter("padding").by_spec and not make_filter("causal&padding").by_spec
     assert not Padding(padding_mask(32)).by_spec and not MaskFilter(torch.ones(32, 32, dtype=torch.bool)).by_spec
     assert not (make_filter("causal") | MaskFilter(torch.ones(32, 32, dtype=torch.bool))).by_spec
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
+@pytest.mark.parametrize("filt", [None, "causal", "padding"])
+def test_xl_sliced_path_matches_dense(kernel, filt):
+    """Transformer-XL's relative term with the backward per (head, block, batch element) slice
+    (backends/sliced.py): values and gradients (q, k, v, W_R, u, v) equal dense and the blocked path, in one
+    block or several, with rbf's key bias as a feature or as a mask; explain names the path."""
+    km = padding_mask(29) if filt == "padding" else None
+    ref = run("dense", kernel, "xl", filt, tq=29, tk=29, key_mask=km)
+    for backend in ("fused", "fused:block=1024", "fused:key_bias=mask,block=1024"):
+        close(run(backend, kernel, "xl", filt, tq=29, tk=29, key_mask=km), ref)
+    close(run("fused:sliced=false,block=1024", kernel, "xl", filt, tq=29, tk=29, key_mask=km), ref)
+    q, k, v = inputs(29, 29)
+    terms = make_position("xl", d_model=H * D, n_heads=H, d_head=D).to(DT).terms(
+        q, k, *default_positions(29, 29, "cpu", True))
+    assert "backward per (head, block, batch element) slice" in explain(
+        q, k, v, kernel, filt, key_mask=km, terms=terms, backend="fused").reasons["fused"]
+    assert "blocked SDPA" in explain(q, k, v, kernel, filt, key_mask=km, terms=terms,
+                                     backend="fused:sliced=false").reasons["fused"]
+
+
+def test_xl_sliced_path_memory_empty_rows_and_shared_factors():
+    """The sliced path with a memory in front of the segment (Tq < Tk, lower-right causal), with queries whose
+    filtered set is empty (zero output, finite gradients), and with a relative factor shared by the batch and
+    the heads (q side (1, H, Tq, d), table (1, S, d)); an index that is not base + i - j, or dropout, leaves
+    it for the blocked path."""
+    for filt in ("memory", "causal"):
+        close(run("fused:block=1024", "exp", "xl", filt, tq=11, tk=29), run("dense", "exp", "xl", filt, tq=11, tk=29))
+    km = padding_mask(23, empty=True)
+    out, grads = run("fused:block=1024", "exp", "xl", None, key_mask=km)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert all(torch.isfinite(g).all() for g in grads if g is not None)
+    close((out, grads), run("dense", "exp", "xl", None, key_mask=km))
+
+    q, k, v = inputs(19, 19)
+    g = torch.Generator().manual_seed(3)
+    q_side = torch.randn(1, H, 19, 4, generator=g, dtype=DT).requires_grad_()
+    table = torch.randn(1, 37, 4, generator=g, dtype=DT).requires_grad_()
+    toeplitz = (torch.arange(19)[:, None] - torch.arange(19)[None, :] + 18)[None]
+    results = []
+    for backend in ("dense", "fused:block=1024", "fused:sliced=false"):
+        terms = ka.PositionalTerms(relative_factors=[(q_side, table, toeplitz)])
+        out = attention(q, k, v, "exp", "causal", terms=terms, backend=backend)
+        results.append((out, torch.autograd.grad(out, [q, k, v, q_side, table], torch.ones_like(out) + out.detach())))
+        if backend != "dense":
+            why = explain(q, k, v, "exp", "causal", terms=terms, backend=backend).reasons["fused"]
+            assert ("slice" in why) == (backend == "fused:block=1024"), why
+    close(results[1], results[0])
+    close(results[2], results[0])
+    other = toeplitz.clone()
+    other[0, 0, 0] = 3  # not base + i - j at one pair
+    for terms, dropout in ((ka.PositionalTerms(relative_factors=[(q_side, table, other)]), 0.0),
+                           (ka.PositionalTerms(relative_factors=[(q_side, table, toeplitz)]), 0.1)):
+        why = explain(q, k, v, "exp", "causal", terms=terms, dropout_p=dropout, backend="fused").reasons["fused"]
+        assert "blocked SDPA" in why and "slice" not in why
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf"])
+def test_product_sliced_path_matches_dense(kernel):
+    """product's positions shared by the batch on the sliced path (one (rows, Tk) term per head and block for
+    the whole batch, the backward per slice): values and gradients (W_T's summed over the batch) equal dense
+    and the blocked path (sliced=false), in one block or several, under full, causal, local and padding
+    filters (queries with an empty set included)."""
+    for filt, km in ((None, None), ("causal", None), ("local:window=4", None), (None, padding_mask(23, empty=True))):
+        ref = run("dense", kernel, "product", filt, key_mask=km)
+        for backend in ("fused", "fused:block=1024", "fused:key_bias=mask,block=1024", "fused:sliced=false,block=1024"):
+            close(run(backend, kernel, "product", filt, key_mask=km), ref)
+    q, k, v = inputs(23, 23)
+    terms = make_position("product", d_model=H * D, n_heads=H, d_head=D).to(DT).terms(
+        q, k, *default_positions(23, 23, "cpu", True))
+    why = explain(q, k, v, kernel, "causal", terms=terms, backend="fused:block=1024").reasons["fused"]
+    assert "shared by the batch" in why and "2 blocks of 16 query rows, the backward per" in why, why
+    assert "blocked SDPA" in explain(q, k, v, kernel, "causal", terms=terms,
+                                     backend="fused:sliced=false").reasons["fused"]

@@ -5,33 +5,38 @@ log space), so it runs on ``scaled_dot_product_attention`` once log k is written
 
     log k(x_i, x_j) = scale · <q'_i, k'_j> + b_ij + (constant along row i).
 
-Four paths, chosen per call (:meth:`FusedBackend.describe` says which):
+Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
 
 * **direct** -- one SDPA call, no (Tq, Tk) tensor at all: the kernel has features
   (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with the key-norm term as an augmented feature or as a
   key bias; ``periodic`` as Fourier features), the positional factor is absent or an inner product
   (``product``: its features are concatenated), and the filter is full, causal or padding.
-  On the CPU, ``product`` positions shared by the batch go to the blocked path instead (below).
+  On the CPU, ``product`` positions shared by the batch go to the sliced path instead (below).
 * **banded** -- Shaw's clipped table (Eq. 6) under a full or causal filter: keys farther than the clip
   share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
   and after its window; causal: one causal call on the shifted sequences), and only the keys within
   the clip are formed explicitly (:mod:`kernel_attention.backends.banded`).
+* **sliced** -- on the CPU, a kernel with SDPA features and one additive term that is cheap to form per
+  block of rows, any filter, no dropout (:mod:`kernel_attention.backends.sliced`): Transformer-XL's relative
+  term (``xl`` with default positions or any index base + i - j), and ``product`` positions shared by a
+  batch of B > 1.  The term is the flash kernel's mask in the forward pass, and the backward runs per
+  (block of rows, head, batch element) slice, whose buffers stay in cache.  Concatenated, ``product``'s
+  features would double the head size of every product of the flash kernel, whose CPU version also pads
+  v to that size (about 2x SDPA); as a (rows, Tk) term formed once per head and block for the whole batch
+  it costs about 1.4-1.5x (measured, docs/benchmarks.md).  At B = 1 nothing is shared and the one-call
+  form is kept; ``fused:shared_positions=false`` asks for it always.
 * **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
   ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and
   normalised as k / sum k -- the same soft-max of log k without a logarithm and an exponential per
   pair, under any filter -- while the magnitude's range allows it (else, and with positional terms or
   dropout, blocked).
-* **blocked** -- everything else (relative positions ``shaw``/``xl``, dense float biases, kernels
-  with only ``log_kernel`` such as ``rbf-only`` or the implicit kernels off the squared path, sparse
-  filters, dropout with a value term):
-  query rows are processed in blocks with b formed per block and recomputed in the backward pass
-  (:mod:`kernel_attention.backends.chunked`), so extra memory grows as rows x Tk.  Sparse filters
-  skip the keys outside each block's span (a local window costs a band, not a square).  ``product``
-  on the CPU with positions shared by a batch of B > 1 runs here too: concatenated, its features
-  double the head size of every product of the flash kernel, whose CPU version also pads v to that
-  size (about 2x SDPA); as a (1, H, rows, Tk) bias formed once per block for the whole batch and
-  passed as the flash kernel's mask it costs about 1.5x (measured, docs/benchmarks.md).  At B = 1
-  nothing is shared and the one-call form is kept; ``fused:shared_positions=false`` asks for it always.
+* **blocked** -- everything else (Shaw's table beyond the banded path, ``xl`` with dropout or an index
+  that is not Toeplitz, dense float biases, kernels with only ``log_kernel`` such as ``rbf-only`` or the
+  implicit kernels off the squared path, sparse filters with other terms, dropout with a value term, and
+  the sliced path's cases with ``sliced=false``): query rows are processed in blocks with b formed per
+  block and recomputed in the backward pass (:mod:`kernel_attention.backends.chunked`), so extra memory
+  grows as rows x Tk.  Sparse filters skip the keys outside each block's span (a local window costs a
+  band, not a square).
 
 On CUDA the same decomposition can run on FlexAttention (:mod:`kernel_attention.backends.flex`) where
 it is faster; the SDPA paths stay the fallback and the only path on CPU.
@@ -51,6 +56,7 @@ from kernel_attention.backends.banded import banded_clip, shaw_banded
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
+from kernel_attention.backends.sliced import SLICE_ELEMENTS, SliceSpec, sliced_smoother
 from kernel_attention.backends.squared import squared_route, squared_smoother
 from kernel_attention.registry import Param
 
@@ -71,9 +77,10 @@ class Route:
     """How :class:`FusedBackend` runs one problem, with what deciding it computed, so that
     :meth:`FusedBackend.run` and :meth:`FusedBackend.describe` decide once per call."""
 
-    path: str                       #: "flex", "banded", "direct", "squared" or "blocked"
+    path: str                       #: "flex", "banded", "sliced", "direct", "squared" or "blocked"
     shared: bool = False            #: ``product`` positions as a per-block mask (:meth:`FusedBackend._shared_positions`)
     clip: int | None = None         #: banded: Shaw's clip c
+    base: int | None = None         #: sliced: the Toeplitz base of the relative index
     mask: Tensor | None = None      #: direct: SDPA's float mask
     is_causal: bool = False         #: direct: SDPA's causal flag
     squared: str | None = ""        #: None on the squared path, else why not ("": the kernel has no such form)
@@ -84,11 +91,15 @@ class Route:
     Param("key_bias", str, "features", choices=("features", "mask"),
           doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as an SDPA bias"),
     Param("block", int, None, optional=True, check=lambda x: x >= 1024, rule=">= 1024",
-          doc="elements of one (B, H, rows, Tk) block on the blocked path (default: 2^23 on CPU, 2^25 on CUDA)"),
+          doc="elements of one (B, H, rows, Tk) block on the blocked and sliced paths (default: 2^23 on CPU, 2^25 on "
+              "CUDA; the sliced path's default is 2^20 per (rows, Tk) slice)"),
     Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
     Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
     Param("shared_positions", bool, True,
           doc="on CPU, product positions shared by a batch of B > 1 as a per-block mask instead of concatenated features"),
+    Param("sliced", bool, True,
+          doc="on CPU, Transformer-XL's relative term with the backward per (head, block, batch element) slice "
+              "instead of per block of all slices"),
     Param("squared", bool, True,
           doc="on CPU, the implicit kernels as k / sum k per block ((phi_q·phi_k)^2 + eps times a per-key factor) "
               "instead of a soft-max of log k"),
@@ -99,15 +110,15 @@ class FusedBackend(Backend):
     name = "fused"
 
     def __init__(self, key_bias: str = "features", block: int | None = None, flex: bool = True,
-                 banded: bool = True, shared_positions: bool = True, squared: bool = True):
+                 banded: bool = True, shared_positions: bool = True, sliced: bool = True, squared: bool = True):
         self.key_bias, self.block, self.flex, self.banded = key_bias, block, flex, banded
-        self.shared_positions, self.squared = shared_positions, squared
+        self.shared_positions, self.sliced, self.squared = shared_positions, sliced, squared
 
     def _rows(self, p: Problem, shared: bool) -> int:
         """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
         small blocks leave it launch-bound: 4x the CPU's budget there (at B=4, H=8, T=4096, 256 rows, a
         (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense).  The same larger budget serves
-        ``product`` positions shared by the batch on the CPU: at T=4096 its full filter went from 1.80x
+        ``product`` positions shared by the batch on the CPU (with ``sliced=false``): at T=4096 its full filter went from 1.80x
         to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where ``xl`` gained
         in one filter and lost in the other, so the CPU default stays for the rest.  ``shared``: whether
         ``p`` runs in that form (:meth:`_shared_positions`)."""
@@ -115,6 +126,13 @@ class FusedBackend(Backend):
         budget = self.block or (LARGE_BLOCK_ELEMENTS if large else BLOCK_ELEMENTS)
         b, h, tq, tk = p.shape
         return block_rows(b, h, tq, tk, budget)
+
+    def _slice_rows(self, p: Problem) -> int:
+        """Query rows per block of the sliced path: a (rows, Tk) slice buffer of at most SLICE_ELEMENTS, unless
+        ``block`` sets the budget of a (B, H, rows, Tk) block (which tests use to run several blocks on small
+        inputs)."""
+        b, h, tq, tk = p.shape
+        return block_rows(b, h, tq, tk, self.block) if self.block else block_rows(1, 1, tq, tk, SLICE_ELEMENTS)
 
     def why_not(self, p: Problem) -> str | None:
         if p.need_weights:
@@ -202,6 +220,9 @@ class FusedBackend(Backend):
         clip = banded_clip(p, self.key_bias) if self.banded else None
         if clip is not None:
             return Route("banded", clip=clip)
+        base = _xl_sliced(p) if self.sliced and layout is not None else None
+        if base is not None:
+            return Route("sliced", base=base)
         if one_call:
             return Route("direct", mask=mask, is_causal=is_causal)
         if layout is None:
@@ -212,6 +233,8 @@ class FusedBackend(Backend):
             if why is None:
                 return Route("squared", squared=None, key_log=key_log)
             return Route("blocked", squared=why)
+        if shared and self.sliced and not additive:
+            return Route("sliced", shared=True)
         return Route("blocked", shared)
 
     def describe(self, p: Problem) -> str:
@@ -227,6 +250,14 @@ class FusedBackend(Backend):
                    "two SDPA calls per block of rows (the keys before and after its window)")
             return (f"fused: shaw clipped at {c}: keys farther than {c} (one bias per row) as {far}, the keys "
                     f"within {c - 1} formed explicitly, merged by log-sum-exp")
+        if route.path == "sliced":
+            what = ("the positional features are shared by the batch: a head's (rows, Tk) logits are formed once "
+                    "per block for all of it" if route.shared else
+                    "Transformer-XL's relative term: the skewed relative logits of each slice")
+            rows = self._slice_rows(p)
+            n = len(plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1])
+            return (f"fused: {what}, the flash kernel's mask in the forward pass; {n} blocks of {rows} query rows, "
+                    f"the backward per (head, block, batch element) slice")
         b, h, tq, tk = p.shape
         rows = self._rows(p, route.shared)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
@@ -277,6 +308,8 @@ class FusedBackend(Backend):
             from kernel_attention.backends.flex import flex_smoother
 
             return flex_smoother(p, qf, kf, scale, key_bias), None
+        if route.path == "sliced":
+            return self._sliced(p, qf, kf, scale, key_bias, route), None
         if route.path == "banded":
             return shaw_banded(qf, kf, v, p.terms.relative[0][0].to(qf.dtype), route.clip, p.causal, scale), None
         if route.path == "direct":
@@ -290,6 +323,21 @@ class FusedBackend(Backend):
                                                  is_causal=route.is_causal, scale=scale)
             return (out if d == v.shape[-1] else out[..., :v.shape[-1]]), None
         return self._blocked(p, qf, kf, scale, key_bias, route.shared), None
+
+    def _sliced(self, p: Problem, qf, kf, scale, key_bias, route: Route):
+        """``product``'s shared features or Transformer-XL's relative term on :func:`sliced_smoother`; the
+        kernel's key bias (``rbf`` as a mask) and the scheme's (u·k) enter as one."""
+        t = p.terms
+        b, h, tq, tk = p.shape
+        keep, blocks = plan_blocks(p.keep, tq, tk, self._slice_rows(p))
+        kb = [x for x in (key_bias, t.key_bias) if x is not None]
+        kb = None if not kb else (kb[0] if len(kb) == 1 else kb[0] + kb[1]).to(qf.dtype)
+        if route.shared:
+            spec = SliceSpec(scale=scale, keep=keep, blocks=blocks, term="shared")
+            return sliced_smoother(spec, qf, kf, p.v, kb, t.q_feat.to(qf.dtype), t.k_feat.to(qf.dtype))
+        q_side, table, _ = t.relative_factors[0]
+        spec = SliceSpec(scale=scale, keep=keep, blocks=blocks, term="relative", base=route.base)
+        return sliced_smoother(spec, qf, kf, p.v, kb, q_side.to(qf.dtype), table.to(qf.dtype))
 
     def _blocked(self, p: Problem, qf, kf, scale, key_bias, shared: bool):
         """``shared``: ``product``'s features are not in qf / kf (:meth:`_shared_positions`)."""
@@ -386,6 +434,20 @@ def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True
         kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
         qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
     return qf, kf, scale, form.key_bias
+
+
+def _xl_sliced(p: Problem) -> int | None:
+    """The Toeplitz base of ``p``'s relative term when the sliced path runs it (on the CPU, without dropout,
+    one relative factor with a per-head table and an index base + i - j, no other positional term but a
+    key bias), else None."""
+    t = p.terms
+    if (t is None or p.q.device.type != "cpu" or p.dropout_p > 0 or len(t.relative_factors) != 1
+            or t.relative or t.value or t.bias is not None or t.q_feat is not None):
+        return None
+    q_side, table, index = t.relative_factors[0]
+    if table.dim() != 3 or table.shape[0] not in (1, p.shape[1]) or q_side.dim() != 4:
+        return None
+    return toeplitz_base(index)
 
 
 def _has_form(p: Problem) -> bool:

@@ -1,0 +1,306 @@
+r"""Soft-max attention with one additive term, both passes per (block of query rows, head, batch element) slice.
+
+The logits are
+
+    s_ij = scale · q'_i·k'_j + b_j + t_ij
+
+with q', k' the kernel's SDPA features, b a key bias (Transformer-XL's u·k, rbf's -s||k||^2 as a mask; optional)
+and t one of two terms that are cheap to form for a block of rows:
+
+* ``relative`` -- Transformer-XL's qv_i · R_{base + i - j} (Eq. 5; :class:`kernel_attention.positions.XLPosition`),
+  qv (B|1, H, Tq, d) the query side (scaled), R (H|1, S, d) the table of distances.  The logits of the
+  distances a block meets, qv · R_rev^T (rows, rows + cols - 1), hold pair (i, j) at column rows - 1 - i + j,
+  so the (rows, cols) term is a strided view of them (as in :func:`kernel_attention.backends.relative.skew_rel`).
+* ``shared`` -- ``product``'s <t_q W_T, t_k W_T> (Eq. 9), the same for every sequence of the batch: formed once
+  per head and block and read by the head's B slices.
+
+**Forward**: the term plus b is the float mask of PyTorch's CPU flash kernel, which returns output and
+log-sum-exp -- per slice for ``relative``, per block of all slices for ``shared`` (one (1, H, rows, cols)
+mask).  **Backward**, per slice, with δ_i = dO_i·O_i:
+
+    P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - δ)
+    dq' = scale · dS k',   dk'^T += scale · q'^T dS,   dv^T += dO^T P,   db_j += Σ_i dS_ij
+    relative: G = dS at the logits' columns (rows, rows + cols - 1),  dqv = G R_rev,  dR_rev^T += qv^T G
+    shared:   D = Σ_b dS_b,  d(t_q W_T) = D (t_k W_T),  d(t_k W_T)^T += (t_q W_T)^T D
+
+The blocked path (:mod:`kernel_attention.backends.chunked`) runs a block over all B·H slices at once: (B, H,
+rows, Tk) buffers of 32-128 MB that every elementwise step reads and writes in main memory, fresh per block,
+and the term's gradient through autograd.  Here a slice's (rows, Tk) buffers (at most 4 MB) are allocated once
+per block and reused by its B·H slices, so they stay in cache; dk' and dv are accumulated transposed,
+(D, cols) += (D, rows)·(rows, cols), the faster form of that product on the CPU; the relative logits' rows are
+padded to a multiple of 16 elements (:func:`_padded`), and dS is written straight into the skewed view of G
+(zero elsewhere), from which the content and relative gradients both read it -- no copy, no index.  A filter
+is applied only in the columns where it drops a pair (a causal block's diagonal square).  A query whose
+filtered set is empty gets the flash kernel's zero output, and P = 0: zero gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from kernel_attention.backends.base import pad_last
+from kernel_attention.backends.chunked import _sum_to
+
+__all__ = ["SliceSpec", "sliced_smoother", "SLICE_ELEMENTS"]
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+#: Elements of one (rows, Tk) slice buffer: 1M float32 = 4 MB, 256 rows at Tk = 4096.
+SLICE_ELEMENTS = 1 << 20
+
+
+@dataclasses.dataclass
+class SliceSpec:
+    """What is not a differentiable tensor: the logits' scale, the filter as a (B|1, H|1, Tq, Tk) mask or None,
+    the blocks of query rows (``plan_blocks``) that both passes run per (head, batch element), and the term:
+    ``"relative"`` (Transformer-XL's, with the Toeplitz ``base`` of its index, index_ij = base + i - j) or
+    ``"shared"`` (``product``'s features, shared by the batch)."""
+
+    scale: float
+    keep: Tensor | None
+    blocks: list
+    term: str
+    base: int = 0
+
+
+def _skew(x: Tensor, rows: int, cols: int) -> Tensor:
+    """y[i, j] = x[i, rows - 1 - i + j] for x (rows, >= rows + cols - 1) with unit column stride: a strided view."""
+    return x.as_strided((rows, cols), (x.stride(0) - 1, 1), x.storage_offset() + rows - 1)
+
+
+def _padded(w: int) -> int:
+    """Row length of the relative logits' buffers: w rounded up to 16 elements.  An odd row stride (w = rows +
+    cols - 1) made the products that write or read them up to 2x slower (measured at T=4096)."""
+    return -(-w // 16) * 16
+
+
+def _pick(x: Tensor, bb: int, hh: int) -> Tensor:
+    """x[bb, hh] for x (B|1, H|1, ...), broadcast dimensions read at 0."""
+    return x[bb if x.shape[0] > 1 else 0, hh if x.shape[1] > 1 else 0]
+
+
+class _Relative:
+    """Transformer-XL's term for one block: the relative logits and their gradient G, (n, w) with w padded
+    (:func:`_padded`), shared by the block's slices, and each head's table window, reversed and zero-padded to
+    w rows so that column c of the logits holds distance z - 1 - c.  Tensors: qv (B|1, H, Tq, d), R (H|1, S, d)."""
+
+    def __init__(self, spec: SliceSpec, blk: "_Block", qv: Tensor, table: Tensor, grads: list | None):
+        self.qv, self.table, self.grads = qv, table, grads  # grads: [dqv, dR] or None (forward)
+        n, m = blk.n, blk.m
+        self.a, self.z = spec.base + blk.r0 - (blk.hi - 1), spec.base + blk.r1 - blk.lo  # distances met
+        w = _padded(n + m - 1)
+        self.logits = table.new_empty(n, w)
+        self.rev = table.new_zeros(table.shape[0], w, table.shape[-1])
+        self.rev[:, :self.z - self.a] = table[:, self.a:self.z].flip(1)
+        if grads is not None:
+            self.g_rel = table.new_zeros(n, w)  # zero outside the band that dS fills
+            self.ds = _skew(self.g_rel, n, m)
+            self.drev_t = table.new_zeros(table.shape[0], table.shape[-1], w)  # (H|1, d, w)
+
+    def source(self, blk: "_Block", bb: int, hh: int) -> Tensor:
+        """qv·R_{i-j} of the slice, (n, m): a view of the logits."""
+        torch.mm(self.qv[bb if self.qv.shape[0] > 1 else 0, hh, blk.rows], self.rev[self._ht(hh)].t(), out=self.logits)
+        return _skew(self.logits, blk.n, blk.m)
+
+    def _ht(self, hh: int) -> int:
+        return hh if self.table.shape[0] > 1 else 0
+
+    def ds_buffer(self, n: int, m: int) -> Tensor:
+        return self.ds
+
+    def take(self, blk: "_Block", bb: int, hh: int, ds: Tensor) -> None:
+        bq = bb if self.qv.shape[0] > 1 else 0
+        self.grads[0][bq, hh, blk.rows].addmm_(self.g_rel, self.rev[self._ht(hh)])
+        self.drev_t[self._ht(hh)].addmm_(self.qv[bq, hh, blk.rows].t(), self.g_rel)
+
+    def end_head(self, blk: "_Block", hh: int) -> None:
+        pass
+
+    def end_block(self) -> None:
+        self.grads[1][:, self.a:self.z] += self.drev_t[..., :self.z - self.a].transpose(-1, -2).flip(1)
+
+
+class _Shared:
+    """``product``'s term for one block: t_q W_T · (t_k W_T)^T of a head, (n, m), formed once and read by the
+    head's B slices; in the backward their dS are summed, and the features' gradients are two products per head.
+    Tensors: qf_t (1, H, Tq, F), kf_t (1, H, Tk, F)."""
+
+    def __init__(self, spec: SliceSpec, blk: "_Block", qf_t: Tensor, kf_t: Tensor, grads: list | None):
+        self.qf_t, self.kf_t, self.grads = qf_t, kf_t, grads  # grads: [dqf_t, dkf_t^T (1, H, F, Tk)] or None
+        self.head = qf_t.new_empty(blk.n, blk.m)
+        self.cur = -1
+        if grads is not None:
+            self.ds = qf_t.new_empty(blk.n, blk.m)
+            self.db = qf_t.new_empty(blk.n, blk.m)
+
+    def source(self, blk: "_Block", bb: int, hh: int) -> Tensor:
+        """The head's (n, m) term, formed at its first slice."""
+        if self.cur != hh:
+            torch.mm(self.qf_t[0, hh, blk.rows], self.kf_t[0, hh, blk.cols].t(), out=self.head)
+            self.cur = hh
+            if self.grads is not None:
+                self.db.zero_()
+        return self.head
+
+    def ds_buffer(self, n: int, m: int) -> Tensor:
+        return self.ds
+
+    def take(self, blk: "_Block", bb: int, hh: int, ds: Tensor) -> None:
+        self.db.add_(ds)
+
+    def end_head(self, blk: "_Block", hh: int) -> None:
+        self.grads[0][0, hh, blk.rows].addmm_(self.db, self.kf_t[0, hh, blk.cols])
+        self.grads[1][0, hh, :, blk.cols].addmm_(self.qf_t[0, hh, blk.rows].t(), self.db)
+
+    def end_block(self) -> None:
+        pass
+
+
+class _Block:
+    """One block of query rows [r0, r1) and its key span [lo, hi), with the term's buffers for it."""
+
+    def __init__(self, spec: SliceSpec, r0, r1, lo, hi, extras, grads):
+        self.r0, self.r1, self.lo, self.hi = r0, r1, lo, hi
+        self.n, self.m = r1 - r0, hi - lo
+        self.rows, self.cols = slice(r0, r1), slice(lo, hi)
+        self.term = (_Relative if spec.term == "relative" else _Shared)(spec, self, *extras, grads)
+        self.drop_cols, self.drop = _dropped(spec.keep, self.rows, self.cols)
+
+    def bias(self, spec: SliceSpec, key_bias, bb: int, hh: int, out: Tensor) -> Tensor:
+        """The slice's additive term into ``out`` (n, m): the term, plus the key bias, -inf where the filter drops
+        the pair."""
+        src = self.term.source(self, bb, hh)
+        if key_bias is not None:
+            torch.add(src, _pick(key_bias, bb, hh)[0, self.cols], out=out)
+        else:
+            out.copy_(src)
+        if self.drop is not None:
+            out[:, self.drop_cols].masked_fill_(_pick(self.drop, bb, hh), float("-inf"))
+        return out
+
+
+def _dropped(keep: Tensor | None, rows: slice, cols: slice) -> tuple[slice | None, Tensor | None]:
+    """The columns of a block, relative to its span, in which the filter drops some pair, and the dropped pairs
+    there, (B|1, H|1, n, c); (None, None) when it keeps them all.  A causal block drops pairs only in its
+    diagonal square, so only that part is masked per slice."""
+    if keep is None:
+        return None, None
+    dropped = ~keep[..., rows, cols]
+    any_col = dropped.any(-2).flatten(0, -2).any(0).nonzero()
+    if len(any_col) == 0:
+        return None, None
+    c = slice(int(any_col[0]), int(any_col[-1]) + 1)
+    return c, dropped[..., c]
+
+
+def _blocks(spec: SliceSpec, extras, grads=None):
+    """The blocks that see a key, with their buffers (those of the gradient when ``grads`` is given)."""
+    for r0, r1, lo, hi in spec.blocks:
+        if hi > lo:
+            yield _Block(spec, r0, r1, lo, hi, extras, grads)
+
+
+class _Sliced(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec: SliceSpec, qf, kf, v, key_bias, *extras):
+        b, h, tq, dv = v.shape[0], v.shape[1], qf.shape[2], v.shape[-1]
+        d = max(qf.shape[-1], dv)  # the flash kernel wants one head size for q, k and v
+        qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
+        out = v.new_zeros(b, h, tq, dv)
+        lse = v.new_zeros(b, h, tq)
+        if spec.term == "shared":
+            # A (1, H, n, m) mask shared by the batch: one flash call per block is faster than B·H calls.
+            qf_t, kf_t = extras
+            for r0, r1, lo, hi in spec.blocks:
+                if hi <= lo:
+                    continue
+                rows, cols = slice(r0, r1), slice(lo, hi)
+                bias = torch.matmul(qf_t[..., rows, :], kf_t[..., cols, :].transpose(-1, -2))
+                if key_bias is not None:
+                    bias = bias + key_bias[..., cols]
+                drop_cols, drop = _dropped(spec.keep, rows, cols)
+                if drop is not None:
+                    lead = torch.broadcast_shapes(drop.shape[:2], bias.shape[:2])
+                    if lead != bias.shape[:2]:  # a padding mask differs per sequence
+                        bias = bias.expand(*lead, *bias.shape[2:]).clone()
+                    bias[..., drop_cols].masked_fill_(drop, float("-inf"))
+                o, l = _flash(qp[..., rows, :], kp[..., cols, :], vp[..., cols, :], 0.0, False,
+                              attn_mask=bias, scale=spec.scale)
+                out[..., rows, :] = o[..., :dv]
+                lse[..., rows] = l
+            ctx.spec = spec
+            ctx.save_for_backward(qf, kf, v, key_bias, out, lse, *extras)
+            return out
+        for blk in _blocks(spec, extras):
+            rows, cols = blk.rows, blk.cols
+            bias = qf.new_empty(blk.n, blk.m)
+            for hh in range(h):
+                for bb in range(b):
+                    blk.bias(spec, key_bias, bb, hh, bias)
+                    o, l = _flash(qp[bb, hh, rows][None, None], kp[bb, hh, cols][None, None],
+                                  vp[bb, hh, cols][None, None], 0.0, False, attn_mask=bias[None, None], scale=spec.scale)
+                    out[bb, hh, rows] = o[0, 0, :, :dv]
+                    lse[bb, hh, rows] = l[0, 0]
+        ctx.spec = spec
+        ctx.save_for_backward(qf, kf, v, key_bias, out, lse, *extras)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout):
+        spec = ctx.spec
+        qf, kf, v, key_bias, out, lse, *extras = ctx.saved_tensors
+        b, h, tk = v.shape[0], v.shape[1], kf.shape[2]
+        gout = gout.contiguous()
+        qs = qf * spec.scale
+        delta = (gout * out).sum(-1)
+        dq = qf.new_zeros(qf.shape)
+        dk_t = qf.new_zeros(b, h, kf.shape[-1], tk)  # accumulated transposed: (D, rows)·(rows, cols)
+        dv_t = v.new_zeros(b, h, v.shape[-1], tk)
+        want_kb = key_bias is not None and ctx.needs_input_grad[4]
+        dkb = key_bias.new_zeros(b, h, tk) if want_kb else None
+        if spec.term == "relative":
+            grads = [extras[0].new_zeros(extras[0].shape), extras[1].new_zeros(extras[1].shape)]
+        else:  # the key side's gradient accumulated transposed, as dk'
+            grads = [extras[0].new_zeros(extras[0].shape), extras[1].new_zeros(*extras[1].shape[:2], extras[1].shape[3],
+                                                                               extras[1].shape[2])]
+        for blk in _blocks(spec, extras, grads):
+            rows, cols, term = blk.rows, blk.cols, blk.term
+            s, dp = qf.new_empty(blk.n, blk.m), qf.new_empty(blk.n, blk.m)
+            ds = term.ds_buffer(blk.n, blk.m)
+            for hh in range(h):
+                for bb in range(b):
+                    blk.bias(spec, key_bias, bb, hh, s)
+                    p = s.addmm_(qs[bb, hh, rows], kf[bb, hh, cols].t()).sub_(lse[bb, hh, rows, None]).exp_()
+                    g = gout[bb, hh, rows]
+                    dv_t[bb, hh, :, cols].addmm_(g.t(), p)
+                    torch.mm(g, v[bb, hh, cols].t(), out=dp)
+                    torch.mul(dp.sub_(delta[bb, hh, rows, None]), p, out=ds)
+                    torch.mm(ds, kf[bb, hh, cols], out=dq[bb, hh, rows])
+                    dk_t[bb, hh, :, cols].addmm_(qs[bb, hh, rows].t(), ds)
+                    if dkb is not None:
+                        dkb[bb, hh, cols] += ds.sum(0)
+                    term.take(blk, bb, hh, ds)
+                term.end_head(blk, hh)
+            term.end_block()
+        dq.mul_(spec.scale)
+        dkb = None if dkb is None else _sum_to(dkb.unsqueeze(-2), key_bias.shape)
+        if spec.term == "shared":
+            grads[1] = grads[1].transpose(-1, -2)
+        return (None, dq, dk_t.transpose(-1, -2), dv_t.transpose(-1, -2), dkb, *grads)
+
+
+def sliced_smoother(spec: SliceSpec, qf: Tensor, kf: Tensor, v: Tensor, key_bias: Tensor | None,
+                    *extras: Tensor) -> Tensor:
+    """Soft-max attention with an additive term formed per slice (module docstring): qf (B, H, Tq, D') and kf
+    (B, H, Tk, D') the kernel's SDPA features, v (B, H, Tk, Dv), key_bias (B|1, H|1, 1, Tk) or None, and the
+    term's tensors -- ``relative``: qv (B|1, H, Tq, d), R (H|1, S, d); ``shared``: t_q W_T (1, H, Tq, F) and
+    t_k W_T (1, H, Tk, F).  Returns (B, H, Tq, Dv).  Under autocast the inputs are cast to its dtype, as the
+    blocked path does (:func:`kernel_attention.backends.chunked.chunked_smoother`)."""
+    if torch.is_autocast_enabled(v.device.type):
+        dt = torch.get_autocast_dtype(v.device.type)
+        qf, kf, v, *extras = (x.to(dt) for x in (qf, kf, v, *extras))
+        key_bias = None if key_bias is None else key_bias.to(dt)
+    return _Sliced.apply(spec, qf, kf, v, key_bias, *extras)
