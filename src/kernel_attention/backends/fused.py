@@ -98,8 +98,8 @@ class Route:
     Param("shared_positions", bool, True,
           doc="on CPU, product positions shared by a batch of B > 1 as a per-block mask instead of concatenated features"),
     Param("sliced", bool, True,
-          doc="on CPU, Transformer-XL's relative term with the backward per (head, block, batch element) slice "
-              "instead of per block of all slices"),
+          doc="on CPU, Transformer-XL's relative term and product positions shared by the batch with the backward "
+              "per (head, block, batch element) slice instead of per block of all slices (the blocked path)"),
     Param("squared", bool, True,
           doc="on CPU, the implicit kernels as k / sum k per block ((phi_q·phi_k)^2 + eps times a per-key factor) "
               "instead of a soft-max of log k"),
@@ -255,14 +255,13 @@ class FusedBackend(Backend):
                     "per block for all of it" if route.shared else
                     "Transformer-XL's relative term: the skewed relative logits of each slice")
             rows = self._slice_rows(p)
-            n = len(plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1])
-            return (f"fused: {what}, the flash kernel's mask in the forward pass; {n} blocks of {rows} query rows, "
-                    f"the backward per (head, block, batch element) slice")
+            blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1]
+            note = "" if p.keep is None or self._direct_mask(p)[0] else "; " + _filter_note(p, blocks)
+            return (f"fused: {what}, the flash kernel's mask in the forward pass; {len(blocks)} blocks of {rows} "
+                    f"query rows, the backward per (head, block, batch element) slice{note}")
         b, h, tq, tk = p.shape
         rows = self._rows(p, route.shared)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)
-        kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
-        density = float(p.keep.float().mean()) if p.keep is not None else 1.0
         why = []
         if route.path == "squared":
             why.append(f"kernel {p.kernel.name!r} is ((phi(q)·phi(k))/n)^2 + eps times a per-key factor, so k "
@@ -284,10 +283,7 @@ class FusedBackend(Backend):
         if p.terms is not None and p.terms.value:
             why.append("the relative value term needs the weights, formed explicitly per block")
         if p.keep is not None and not self._direct_mask(p)[0]:
-            why.append(f"filter {p.filter!r} keeps {100 * density:.0f}% of the (Tq, Tk) pairs; blocks skip keys "
-                       f"outside their span and compute {100 * kept:.0f}%"
-                       + ("" if kept < 2 * density + 0.05 else
-                          " (inside the span the mask is applied, not exploited: dense emulation of the sparsity)"))
+            why.append(_filter_note(p, blocks))
         if route.path == "flex":
             return ("fused: FlexAttention (score_mod for the additive terms, block mask for the filter); "
                     + "; ".join(why or ["the kernel's per-key term as a score_mod"]))
@@ -434,6 +430,17 @@ def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True
         kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
         qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
     return qf, kf, scale, form.key_bias
+
+
+def _filter_note(p: Problem, blocks: list) -> str:
+    """What a filter that is not one SDPA call keeps, and what the blocks of ``p`` compute of it."""
+    b, h, tq, tk = p.shape
+    kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, tq * tk)
+    density = float(p.keep.float().mean())
+    return (f"filter {p.filter!r} keeps {100 * density:.0f}% of the (Tq, Tk) pairs; blocks skip keys outside their "
+            f"span and compute {100 * kept:.0f}%"
+            + ("" if kept < 2 * density + 0.05 else
+               " (inside the span the mask is applied, not exploited: dense emulation of the sparsity)"))
 
 
 def _xl_sliced(p: Problem) -> int | None:
