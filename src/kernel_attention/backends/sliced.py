@@ -108,9 +108,6 @@ class _Relative:
     def _ht(self, hh: int) -> int:
         return hh if self.table.shape[0] > 1 else 0
 
-    def ds_buffer(self, n: int, m: int) -> Tensor:
-        return self.ds
-
     def take(self, blk: "_Block", bb: int, hh: int, ds: Tensor) -> None:
         bq = bb if self.qv.shape[0] > 1 else 0
         self.grads[0][bq, hh, blk.rows].addmm_(self.g_rel, self.rev[self._ht(hh)])
@@ -144,9 +141,6 @@ class _Shared:
             if self.grads is not None:
                 self.db.zero_()
         return self.head
-
-    def ds_buffer(self, n: int, m: int) -> Tensor:
-        return self.ds
 
     def take(self, blk: "_Block", bb: int, hh: int, ds: Tensor) -> None:
         self.db.add_(ds)
@@ -269,7 +263,7 @@ class _Sliced(torch.autograd.Function):
         for blk in _blocks(spec, extras, grads):
             rows, cols, term = blk.rows, blk.cols, blk.term
             s, dp = qf.new_empty(blk.n, blk.m), qf.new_empty(blk.n, blk.m)
-            ds = term.ds_buffer(blk.n, blk.m)
+            ds = term.ds  # where the term wants dS: the skewed view of G, or a buffer of its own
             for hh in range(h):
                 for bb in range(b):
                     blk.bias(spec, key_bias, bb, hh, s)
