@@ -56,7 +56,7 @@ from kernel_attention.backends.banded import banded_clip, shaw_banded
 from kernel_attention.backends.chunked import ChunkSpec, chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
-from kernel_attention.backends.sliced import SLICE_ELEMENTS, SliceSpec, sliced_smoother
+from kernel_attention.backends.sliced import SLICE_ELEMENTS, SliceSpec, relative_base, sliced_smoother
 from kernel_attention.backends.squared import squared_route, squared_smoother
 from kernel_attention.registry import Param
 
@@ -118,8 +118,8 @@ class FusedBackend(Backend):
         """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
         small blocks leave it launch-bound: 4x the CPU's budget there (at B=4, H=8, T=4096, 256 rows, a
         (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense).  The same larger budget serves
-        ``product`` positions shared by the batch on the CPU (with ``sliced=false``): at T=4096 its full filter went from 1.80x
-        to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where ``xl`` gained
+        ``product`` positions shared by the batch on the CPU (with ``sliced=false``): at T=4096 its full
+        filter went from 1.80x to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where ``xl`` gained
         in one filter and lost in the other, so the CPU default stays for the rest.  ``shared``: whether
         ``p`` runs in that form (:meth:`_shared_positions`)."""
         large = p.q.device.type == "cuda" or shared
@@ -220,7 +220,7 @@ class FusedBackend(Backend):
         clip = banded_clip(p, self.key_bias) if self.banded else None
         if clip is not None:
             return Route("banded", clip=clip)
-        base = _xl_sliced(p) if self.sliced and layout is not None else None
+        base = relative_base(p) if self.sliced and layout is not None else None
         if base is not None:
             return Route("sliced", base=base)
         if one_call:
@@ -441,20 +441,6 @@ def _filter_note(p: Problem, blocks: list) -> str:
             f"span and compute {100 * kept:.0f}%"
             + ("" if kept < 2 * density + 0.05 else
                " (inside the span the mask is applied, not exploited: dense emulation of the sparsity)"))
-
-
-def _xl_sliced(p: Problem) -> int | None:
-    """The Toeplitz base of ``p``'s relative term when the sliced path runs it (on the CPU, without dropout,
-    one relative factor with a per-head table and an index base + i - j, no other positional term but a
-    key bias), else None."""
-    t = p.terms
-    if (t is None or p.q.device.type != "cpu" or p.dropout_p > 0 or len(t.relative_factors) != 1
-            or t.relative or t.value or t.bias is not None or t.q_feat is not None):
-        return None
-    q_side, table, index = t.relative_factors[0]
-    if table.dim() != 3 or table.shape[0] not in (1, p.shape[1]) or q_side.dim() != 4:
-        return None
-    return toeplitz_base(index)
 
 
 def _has_form(p: Problem) -> bool:

@@ -41,10 +41,11 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import pad_last
+from kernel_attention.backends.base import Problem, pad_last
 from kernel_attention.backends.chunked import _sum_to
+from kernel_attention.backends.relative import toeplitz_base
 
-__all__ = ["SliceSpec", "sliced_smoother", "SLICE_ELEMENTS"]
+__all__ = ["SliceSpec", "sliced_smoother", "relative_base", "SLICE_ELEMENTS"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -64,6 +65,20 @@ class SliceSpec:
     blocks: list
     term: str
     base: int = 0
+
+
+def relative_base(p: Problem) -> int | None:
+    """The Toeplitz base of ``p``'s relative term (Transformer-XL's) when the sliced path runs it -- on the CPU,
+    without dropout, one relative factor with a per-head table and an index base + i - j, no other positional
+    term but a key bias -- else None."""
+    t = p.terms
+    if (t is None or p.q.device.type != "cpu" or p.dropout_p > 0 or len(t.relative_factors) != 1
+            or t.relative or t.value or t.bias is not None or t.q_feat is not None):
+        return None
+    q_side, table, index = t.relative_factors[0]
+    if table.dim() != 3 or table.shape[0] not in (1, p.shape[1]) or q_side.dim() != 4:
+        return None
+    return toeplitz_base(index)
 
 
 def _skew(x: Tensor, rows: int, cols: int) -> Tensor:
@@ -235,7 +250,8 @@ class _Sliced(torch.autograd.Function):
                 for bb in range(b):
                     blk.bias(spec, key_bias, bb, hh, bias)
                     o, l = _flash(qp[bb, hh, rows][None, None], kp[bb, hh, cols][None, None],
-                                  vp[bb, hh, cols][None, None], 0.0, False, attn_mask=bias[None, None], scale=spec.scale)
+                                  vp[bb, hh, cols][None, None], 0.0, False, attn_mask=bias[None, None],
+                                  scale=spec.scale)
                     out[bb, hh, rows] = o[0, 0, :, :dv]
                     lse[bb, hh, rows] = l[0, 0]
         ctx.spec = spec
