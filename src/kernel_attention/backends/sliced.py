@@ -102,8 +102,20 @@ class _Relative:
     (:func:`_padded`), shared by the block's slices, and each head's table window, reversed and zero-padded to
     w rows so that column c of the logits holds distance z - 1 - c.  Tensors: qv (B|1, H, Tq, d), R (H|1, S, d)."""
 
+    #: the forward runs per slice (each slice has its own term)
+    forward_per_block = False
+
+    @staticmethod
+    def zero_grads(qv: Tensor, table: Tensor) -> list:
+        """[dqv, dR], accumulated by the blocks."""
+        return [qv.new_zeros(qv.shape), table.new_zeros(table.shape)]
+
+    @staticmethod
+    def final(grads: list) -> list:
+        return grads
+
     def __init__(self, spec: SliceSpec, blk: "_Block", qv: Tensor, table: Tensor, grads: list | None):
-        self.qv, self.table, self.grads = qv, table, grads  # grads: [dqv, dR] or None (forward)
+        self.qv, self.table, self.grads = qv, table, grads  # grads: zero_grads(...) or None (forward)
         n, m = blk.n, blk.m
         self.a, self.z = spec.base + blk.r0 - (blk.hi - 1), spec.base + blk.r1 - blk.lo  # distances met
         w = _padded(n + m - 1)
@@ -140,8 +152,35 @@ class _Shared:
     head's B slices; in the backward their dS are summed, and the features' gradients are two products per head.
     Tensors: qf_t (1, H, Tq, F), kf_t (1, H, Tk, F)."""
 
+    #: the forward runs one flash call per block, its (1, H, n, m) mask shared by the batch
+    forward_per_block = True
+
+    @staticmethod
+    def zero_grads(qf_t: Tensor, kf_t: Tensor) -> list:
+        """[d(t_q W_T), d(t_k W_T)^T (1, H, F, Tk)]: the key side accumulated transposed, as dk'."""
+        return [qf_t.new_zeros(qf_t.shape), kf_t.new_zeros(*kf_t.shape[:2], kf_t.shape[3], kf_t.shape[2])]
+
+    @staticmethod
+    def final(grads: list) -> list:
+        return [grads[0], grads[1].transpose(-1, -2)]
+
+    @staticmethod
+    def mask(spec: SliceSpec, key_bias, rows: slice, cols: slice, qf_t: Tensor, kf_t: Tensor) -> Tensor:
+        """The block's (1|B, H, n, m) mask for all its slices: the term, the key bias, -inf where the filter
+        drops the pair (per sequence when the filter differs by sequence)."""
+        bias = torch.matmul(qf_t[..., rows, :], kf_t[..., cols, :].transpose(-1, -2))
+        if key_bias is not None:
+            bias = bias + key_bias[..., cols]
+        drop_cols, drop = _dropped(spec.keep, rows, cols)
+        if drop is not None:
+            lead = torch.broadcast_shapes(drop.shape[:2], bias.shape[:2])
+            if lead != bias.shape[:2]:  # a padding mask differs per sequence
+                bias = bias.expand(*lead, *bias.shape[2:]).clone()
+            bias[..., drop_cols].masked_fill_(drop, float("-inf"))
+        return bias
+
     def __init__(self, spec: SliceSpec, blk: "_Block", qf_t: Tensor, kf_t: Tensor, grads: list | None):
-        self.qf_t, self.kf_t, self.grads = qf_t, kf_t, grads  # grads: [dqf_t, dkf_t^T (1, H, F, Tk)] or None
+        self.qf_t, self.kf_t, self.grads = qf_t, kf_t, grads  # grads: zero_grads(...) or None (forward)
         self.head = qf_t.new_empty(blk.n, blk.m)
         self.cur = -1
         if grads is not None:
@@ -175,7 +214,7 @@ class _Block:
         self.r0, self.r1, self.lo, self.hi = r0, r1, lo, hi
         self.n, self.m = r1 - r0, hi - lo
         self.rows, self.cols = slice(r0, r1), slice(lo, hi)
-        self.term = (_Relative if spec.term == "relative" else _Shared)(spec, self, *extras, grads)
+        self.term = _TERMS[spec.term](spec, self, *extras, grads)
         self.drop_cols, self.drop = _dropped(spec.keep, self.rows, self.cols)
 
     def bias(self, spec: SliceSpec, key_bias, bb: int, hh: int, out: Tensor) -> Tensor:
@@ -189,6 +228,9 @@ class _Block:
         if self.drop is not None:
             out[:, self.drop_cols].masked_fill_(_pick(self.drop, bb, hh), float("-inf"))
         return out
+
+
+_TERMS = {"relative": _Relative, "shared": _Shared}
 
 
 def _dropped(keep: Tensor | None, rows: slice, cols: slice) -> tuple[slice | None, Tensor | None]:
@@ -220,40 +262,25 @@ class _Sliced(torch.autograd.Function):
         qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
         out = v.new_zeros(b, h, tq, dv)
         lse = v.new_zeros(b, h, tq)
-        if spec.term == "shared":
-            # A (1, H, n, m) mask shared by the batch: one flash call per block is faster than B·H calls.
-            qf_t, kf_t = extras
+        if _TERMS[spec.term].forward_per_block:  # one flash call per block: faster than B·H calls
             for r0, r1, lo, hi in spec.blocks:
-                if hi <= lo:
-                    continue
-                rows, cols = slice(r0, r1), slice(lo, hi)
-                bias = torch.matmul(qf_t[..., rows, :], kf_t[..., cols, :].transpose(-1, -2))
-                if key_bias is not None:
-                    bias = bias + key_bias[..., cols]
-                drop_cols, drop = _dropped(spec.keep, rows, cols)
-                if drop is not None:
-                    lead = torch.broadcast_shapes(drop.shape[:2], bias.shape[:2])
-                    if lead != bias.shape[:2]:  # a padding mask differs per sequence
-                        bias = bias.expand(*lead, *bias.shape[2:]).clone()
-                    bias[..., drop_cols].masked_fill_(drop, float("-inf"))
-                o, l = _flash(qp[..., rows, :], kp[..., cols, :], vp[..., cols, :], 0.0, False,
-                              attn_mask=bias, scale=spec.scale)
-                out[..., rows, :] = o[..., :dv]
-                lse[..., rows] = l
-            ctx.spec = spec
-            ctx.save_for_backward(qf, kf, v, key_bias, out, lse, *extras)
-            return out
-        for blk in _blocks(spec, extras):
-            rows, cols = blk.rows, blk.cols
-            bias = qf.new_empty(blk.n, blk.m)
-            for hh in range(h):
-                for bb in range(b):
-                    blk.bias(spec, key_bias, bb, hh, bias)
-                    o, l = _flash(qp[bb, hh, rows][None, None], kp[bb, hh, cols][None, None],
-                                  vp[bb, hh, cols][None, None], 0.0, False, attn_mask=bias[None, None],
-                                  scale=spec.scale)
-                    out[bb, hh, rows] = o[0, 0, :, :dv]
-                    lse[bb, hh, rows] = l[0, 0]
+                if hi > lo:
+                    rows, cols = slice(r0, r1), slice(lo, hi)
+                    o, l = _flash(qp[..., rows, :], kp[..., cols, :], vp[..., cols, :], 0.0, False,
+                                  attn_mask=_Shared.mask(spec, key_bias, rows, cols, *extras), scale=spec.scale)
+                    out[..., rows, :] = o[..., :dv]
+                    lse[..., rows] = l
+        else:
+            for blk in _blocks(spec, extras):
+                bias = qf.new_empty(blk.n, blk.m)
+                for hh in range(h):
+                    for bb in range(b):
+                        blk.bias(spec, key_bias, bb, hh, bias)
+                        o, l = _flash(qp[bb, hh, blk.rows][None, None], kp[bb, hh, blk.cols][None, None],
+                                      vp[bb, hh, blk.cols][None, None], 0.0, False, attn_mask=bias[None, None],
+                                      scale=spec.scale)
+                        out[bb, hh, blk.rows] = o[0, 0, :, :dv]
+                        lse[bb, hh, blk.rows] = l[0, 0]
         ctx.spec = spec
         ctx.save_for_backward(qf, kf, v, key_bias, out, lse, *extras)
         return out
@@ -271,11 +298,8 @@ class _Sliced(torch.autograd.Function):
         dv_t = v.new_zeros(b, h, v.shape[-1], tk)
         want_kb = key_bias is not None and ctx.needs_input_grad[4]
         dkb = key_bias.new_zeros(b, h, tk) if want_kb else None
-        if spec.term == "relative":
-            grads = [extras[0].new_zeros(extras[0].shape), extras[1].new_zeros(extras[1].shape)]
-        else:  # the key side's gradient accumulated transposed, as dk'
-            grads = [extras[0].new_zeros(extras[0].shape), extras[1].new_zeros(*extras[1].shape[:2], extras[1].shape[3],
-                                                                               extras[1].shape[2])]
+        term_cls = _TERMS[spec.term]
+        grads = term_cls.zero_grads(*extras)
         for blk in _blocks(spec, extras, grads):
             rows, cols, term = blk.rows, blk.cols, blk.term
             s, dp = qf.new_empty(blk.n, blk.m), qf.new_empty(blk.n, blk.m)
@@ -297,9 +321,7 @@ class _Sliced(torch.autograd.Function):
             term.end_block()
         dq.mul_(spec.scale)
         dkb = None if dkb is None else _sum_to(dkb.unsqueeze(-2), key_bias.shape)
-        if spec.term == "shared":
-            grads[1] = grads[1].transpose(-1, -2)
-        return (None, dq, dk_t.transpose(-1, -2), dv_t.transpose(-1, -2), dkb, *grads)
+        return (None, dq, dk_t.transpose(-1, -2), dv_t.transpose(-1, -2), dkb, *term_cls.final(grads))
 
 
 def sliced_smoother(spec: SliceSpec, qf: Tensor, kf: Tensor, v: Tensor, key_bias: Tensor | None,
