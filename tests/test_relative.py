@@ -30,3 +30,57 @@ def test_skew_equals_gather_on_blocks_with_gradients():
         torch.testing.assert_close(ours, ref)
         g = torch.randn_like(ref)
         torch.testing.assert_close(torch.autograd.grad(ours, [q, table], g), torch.autograd.grad(ref, [q, table], g))
+
+
+def test_difference_index_blocks_and_toeplitz_base_match_the_materialised_index():
+    from kernel_attention.difference_index import DifferenceIndex
+    tq, tk = 5, 9
+    cases = {
+        "memory in front": (torch.arange(tk - tq, tk)[None] + 3, torch.arange(tk)[None], 3 + tk - tq),
+        "per-sequence offsets": (torch.stack([torch.arange(tq), torch.arange(tq) + 2]), torch.arange(tk)[None], None),
+        "a gap in the keys": (torch.arange(tq)[None], torch.cat([torch.arange(4), torch.arange(5, 10)])[None], None),
+        "keys in reverse": (torch.arange(tq)[None], torch.arange(tk).flip(0)[None] , None),
+    }
+    for name, (a, c, base) in cases.items():
+        index = DifferenceIndex(a, c)
+        dense = a[:, :, None] - c[:, None, :]
+        assert index.shape == dense.shape and index.dim() == 3, name
+        torch.testing.assert_close(index.materialize(), dense)
+        for key in [(Ellipsis, slice(1, 4), slice(2, 7)), (Ellipsis, slice(0, 5), slice(None)), (0, 2)]:
+            torch.testing.assert_close(index[key], dense[key])
+        assert toeplitz_base(index) == base == toeplitz_base(dense), name
+    # Shaw's clipped form: the banded path's test reads the vectors, and agrees with the tensor's
+    from kernel_attention.backends.banded import shaw_clip
+    t = 9
+    for a, c, clip in [(torch.arange(t)[None], torch.arange(t)[None], 3),      # self-attention: banded
+                       (torch.arange(t)[None] + 1, torch.arange(t)[None], 3),  # shifted queries: not banded
+                       (torch.arange(t)[None], torch.arange(t)[None], 20)]:    # clip beyond the sequence
+        index = DifferenceIndex(a, c, clip=clip)
+        dense = (a[:, :, None] - c[:, None, :]).clamp(-clip, clip) + clip
+        torch.testing.assert_close(index.materialize(), dense)
+        torch.testing.assert_close(index[..., 2:6, 1:8], dense[..., 2:6, 1:8])
+        assert shaw_clip(index, t, t) == shaw_clip(dense, t, t) and toeplitz_base(index) is None
+    try:
+        DifferenceIndex(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long))
+    except ValueError as e:
+        assert "(B|1, Tq)" in str(e)
+    else:
+        raise AssertionError("batch sizes 2 and 3 do not broadcast")
+
+
+def test_xl_terms_hold_no_tq_by_tk_tensor_and_index_the_distances():
+    from kernel_attention.difference_index import DifferenceIndex
+    from kernel_attention.positions import default_positions, make_position, relative_distance
+    torch.manual_seed(0)
+    pos = make_position("xl", d_model=8, n_heads=2, d_head=4)
+    tq, tk = 48, 64
+    q, k = torch.randn(1, 2, tq, 4), torch.randn(1, 2, tk, 4)
+    pq, pk = default_positions(tq, tk, "cpu", True)  # queries at the last tq of tk positions
+    q_side, table, index = pos.terms(q, k, pq, pk).relative_factors[0]
+    assert isinstance(index, DifferenceIndex) and toeplitz_base(index) is not None
+    dist = relative_distance(pq, pk)[..., 0].long()
+    torch.testing.assert_close(index.materialize(), dist - dist.min())
+    assert table.shape[1] == int(dist.max() - dist.min()) + 1  # one row per distance met
+    # fractional positions keep the materialised (truncated) distances
+    idx = pos.terms(q, k, pq + 0.5 * (torch.arange(tq) % 2)[None, :, None], pk).relative_factors[0][2]
+    assert isinstance(idx, torch.Tensor) and idx.shape == (1, tq, tk)

@@ -24,7 +24,9 @@ product   k_F(f_q, f_k) · exp(<t_q W_T, t_k W_T> / sqrt(d))                    
 With several position axes (e.g. height x width), ``shaw``, ``xl`` and ``product`` multiply one
 positional kernel per axis (their logs add); ``absolute`` gives each axis its share of the encoding.
 Relative schemes never build a (T, T, d) tensor: they project the R distinct distances once, form
-(Tq, R) logits and gather them with a (Tq, Tk) index.
+(Tq, R) logits and read them at an index of the pairs; for integer positions that index is a
+:class:`~kernel_attention.difference_index.DifferenceIndex`, t_q - t_k kept as the two position
+vectors and formed a block of pairs at a time, so no (T, T) tensor either.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from kernel_attention.difference_index import DifferenceIndex
 from kernel_attention.encodings import as_positions, make_encoding, sinusoid
 from kernel_attention.registry import Param, Registry
 from kernel_attention.smoother import PositionalTerms
@@ -45,6 +48,25 @@ __all__ = ["PositionScheme", "POSITIONS", "make_position", "NoPosition", "Absolu
 def relative_distance(pos_q: Tensor, pos_k: Tensor) -> Tensor:
     """t_q - t_k per axis: (Bp, Tq, A), (Bp, Tk, A) -> (Bp, Tq, Tk, A)."""
     return pos_q[:, :, None, :] - pos_k[:, None, :, :]
+
+
+def _integral(x: Tensor) -> bool:
+    return not x.is_floating_point() or bool((x == x.round()).all())
+
+
+def _difference_index(pq: Tensor, pk: Tensor) -> tuple[DifferenceIndex | Tensor, int, int]:
+    """Row t_q - t_k - lo of a table of the distances lo..hi for each pair, and lo, hi: pq (Bp, Tq) and pk
+    (Bp, Tk) of one axis.  Integer positions give a :class:`DifferenceIndex` (O(Tq + Tk), no (Tq, Tk)
+    tensor); others the materialised distances, truncated as before."""
+    if not (_integral(pq) and _integral(pk)):
+        dist = (pq[:, :, None] - pk[:, None, :]).long()
+        lo, hi = int(dist.min()), int(dist.max())
+        return dist - lo, lo, hi
+    pq, pk = pq.long(), pk.long()
+    # over the pairs of each sequence: min (t_q - t_k) = min t_q - max t_k, and the same for the max
+    lo = int((pq.min(-1).values - pk.max(-1).values).min())
+    hi = int((pq.max(-1).values - pk.min(-1).values).max())
+    return DifferenceIndex(pq - lo, pk), lo, hi
 
 
 class PositionScheme(nn.Module):
@@ -117,18 +139,26 @@ class ShawPosition(PositionScheme):
             self.value_tables = nn.ParameterList(nn.Parameter(torch.randn(2 * clip + 1, d_head) * d_head ** -0.5)
                                                  for _ in range(axes))
 
-    def index(self, pos_q: Tensor, pos_k: Tensor) -> Tensor:
-        """Row of the table for each (query, key) pair: (Bp, Tq, Tk, A) long in [0, 2·clip]."""
-        return relative_distance(pos_q, pos_k).clamp(-self.clip, self.clip).long() + self.clip
+    def index(self, pos_q: Tensor, pos_k: Tensor) -> list[DifferenceIndex | Tensor]:
+        """Row of the table for each (query, key) pair, per axis: (Bp, Tq, Tk) in [0, 2·clip], a
+        :class:`DifferenceIndex` for integer positions (no (Tq, Tk) tensor)."""
+        out = []
+        for a in range(pos_q.shape[-1]):
+            pq, pk = pos_q[..., a], pos_k[..., a]
+            if _integral(pq) and _integral(pk):
+                out.append(DifferenceIndex(pq.long(), pk.long(), clip=self.clip))
+            else:
+                out.append((pq[:, :, None] - pk[:, None, :]).clamp(-self.clip, self.clip).long() + self.clip)
+        return out
 
     def terms(self, q, k, pos_q, pos_k):
         idx = self.index(pos_q, pos_k)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        rel = [(torch.matmul(q, table.to(q.dtype).t()) * scale, idx[..., a])
+        rel = [(torch.matmul(q, table.to(q.dtype).t()) * scale, idx[a])
                for a, table in enumerate(self.key_tables)]
         value = []
         if self.value_tables is not None:
-            value = [(table, idx[..., a]) for a, table in enumerate(self.value_tables)]
+            value = [(table, idx[a]) for a, table in enumerate(self.value_tables)]
         return PositionalTerms(relative=rel, value=value)
 
 
@@ -169,17 +199,16 @@ class XLPosition(PositionScheme):
         scale = 1.0 / math.sqrt(d)
         key_bias = torch.einsum("hd,bhkd->bhk", self.u.to(q.dtype), k).unsqueeze(-2) * scale
         qv = (q + self.v.to(q.dtype)[None, :, None, :]) * scale
-        dist = relative_distance(pos_q, pos_k).long()
         rel = []
         for a, r_net in enumerate(self.r_net):
-            lo, hi = int(dist[..., a].min()), int(dist[..., a].max())
+            index, lo, hi = _difference_index(pos_q[..., a], pos_k[..., a])
             distances = torch.arange(lo, hi + 1, device=q.device)
             if self.clamp_len is not None:
                 distances = distances.clamp(-self.clamp_len, self.clamp_len)
             r = r_net(sinusoid(distances, self.d_model, q.dtype))  # (R, H·d)
             r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
             # (Tq, R) logits are formed by whoever consumes the terms, a block of rows at a time.
-            rel.append((qv, r, dist[..., a] - lo))
+            rel.append((qv, r, index))
         return PositionalTerms(key_bias=key_bias, relative_factors=rel)
 
 

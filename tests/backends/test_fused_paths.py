@@ -86,20 +86,25 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
     # FlexAttention has no backward on CPU, so the backend never picks it there; its score_mod and
     # block mask are still checked here, forward only, in eager mode, on the features the backend
     # passes it (positional features concatenated): Shaw's clipped index computed in the kernel
-    # (self-attention), gathered from the index (a memory in front of the segment), product, key bias.
+    # (self-attention), read from the index's two vectors or, given as a tensor, gathered from it (a memory in
+    # front of the segment), product, key bias.
     from kernel_attention.backends.flex import flex_smoother, flex_why_not
     from kernel_attention.backends.fused import sdpa_features
     from kernel_attention.functional import build_problem
     from kernel_attention.smoother import dense_smoother
 
-    for kernel, position, filt, tq, tk in (("rbf", "shaw", "causal", 32, 32), ("exp", "shaw:clip=3", None, 32, 32),
-                                           ("exp", "shaw", "memory", 16, 32),
-                                           ("periodic", "product", "local:window=5", 32, 32)):
+    for kernel, position, filt, tq, tk, as_tensor in (
+            ("rbf", "shaw", "causal", 32, 32, False), ("exp", "shaw:clip=3", None, 32, 32, False),
+            ("exp", "shaw", "memory", 16, 32, False), ("exp", "shaw", "memory", 16, 32, True),
+            ("periodic", "product", "local:window=5", 32, 32, False)):
         q, k, v = (x.detach().float() for x in inputs(tq, tk))
         pos = make_position(position, d_model=H * D, n_heads=H, d_head=D)
         pq, pk = default_positions(tq, tk, "cpu", True)
+        terms = pos.terms(q, k, pq, pk)
+        if as_tensor:
+            terms.relative = [(lg, ix.materialize()) for lg, ix in terms.relative]
         with torch.no_grad():
-            p = build_problem(q, k, v, kernel, filt, terms=pos.terms(q, k, pq, pk))
+            p = build_problem(q, k, v, kernel, filt, terms=terms)
             assert flex_why_not(p) is not None and flex_why_not(p, allow_cpu=True) is None
             out = flex_smoother(p, *sdpa_features(p, key_bias="mask"))
             ref, _ = dense_smoother(q, k, v, p.kernel, p.keep, p.terms)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import Problem, pad_last
+from kernel_attention.difference_index import DifferenceIndex
 
 __all__ = ["shaw_clip", "banded_clip", "shaw_banded"]
 
@@ -45,9 +46,11 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 BLOCK_ROWS = {"full": 256, "causal": 64}
 
 
-def shaw_clip(index: Tensor, tq: int, tk: int) -> int | None:
+def shaw_clip(index: Tensor | DifferenceIndex, tq: int, tk: int) -> int | None:
     """c when ``index`` (B|1, Tq, Tk) is exactly clip(i - j, -c, c) + c (Shaw's table on the default
     positions of self-attention), else None."""
+    if isinstance(index, DifferenceIndex):  # from its vectors: clip(a_i - c_j) + c with a_i - c_j = i - j
+        return index.clip if index.clip is not None and tq == tk and index.offset() == 0 else None
     if tq != tk or index.dim() != 3:
         return None
     c = int(index[0, 0, 0])

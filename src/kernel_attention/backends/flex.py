@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import Problem, pad_last
+from kernel_attention.difference_index import DifferenceIndex
 
 __all__ = ["flex_why_not", "flex_smoother"]
 
@@ -103,11 +104,13 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
     kb = key_bias
     if t is not None and t.key_bias is not None:
         kb = t.key_bias if kb is None else kb + t.key_bias
-    rel, clipped = [], []
+    rel, clipped, diff = [], [], []
     for lg, ix in ([] if t is None else t.relative):
         c = shaw_clip(ix, tq, tk)
         if c is not None and lg.shape[-1] == 2 * c + 1:  # the index is clip(i - j) + c: computed in the kernel
             clipped.append((lg.expand(b, h, *lg.shape[2:]), c))
+        elif isinstance(ix, DifferenceIndex):  # a_i - c_j (clipped): from its vectors, no (Tq, Tk) index
+            diff.append((lg.expand(b, h, *lg.shape[2:]), ix.a.expand(b, tq), ix.c.expand(b, tk), ix.clip))
         else:
             rel.append((lg.expand(b, h, *lg.shape[2:]), ix.expand(b, tq, tk)))
     dense = None
@@ -125,6 +128,9 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
             score = score + lg[bi, hi, qi, torch.clamp(qi - ki, -c, c) + c]
         for lg, ix in rel:
             score = score + lg[bi, hi, qi, ix[bi, qi, ki]]
+        for lg, a, c, clip in diff:
+            d = a[bi, qi] - c[bi, ki]
+            score = score + lg[bi, hi, qi, d if clip is None else torch.clamp(d, -clip, clip) + clip]
         if dense is not None:
             score = score + dense[bi, hi, qi, ki]
         return score
