@@ -19,6 +19,8 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     rows = list(csv.DictReader((sdir / "runs.csv").open()))
     assert sorted(r["row"] for r in rows) == ["exp", "rbf"]
     assert all(r["status"] == "ok" and r["steps"] == "6" for r in rows)
+    from kernel_attention.machine import numerics
+    assert all(r["machine"] == numerics() and "torch" in r["machine"] for r in rows)  # what decides the rounding
     table = (sdir / "table.md").read_text()
     assert "| exponential |" in table and "| RBF |" in table and "train.max_steps = 6" in table
     assert (sdir / "figures" / "curves_copy.png").stat().st_size > 1000

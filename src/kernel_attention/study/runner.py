@@ -7,7 +7,10 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
 
     {"cell": id, "table", "row", "col", "seed", "status": "ok" | "diverged" | "error", "metric",
      "valid": best validation score, "test": test score of the best-validation checkpoint,
-     "final_valid", "final_test", "best_step", "steps", "wall_s", "error": message | null, "tags"}
+     "final_valid", "final_test", "best_step", "steps", "wall_s", "error": message | null, "tags",
+     "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`)}
+
+The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
 
 "diverged": a non-finite training loss or validation score (TD's "not converge"); "error": an exception
 (its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).
@@ -32,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.training.loop import read_metrics
@@ -72,6 +76,7 @@ def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
         rec["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     rec["wall_s"] = round(time.time() - t0, 1)
+    rec["machine"] = numerics()
     rows = read_metrics(run_dir)
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
