@@ -7,6 +7,7 @@ kernels (Song et al. 2021), models, training and the papers' studies.
 """
 
 from kernel_attention.attention import KernelAttention
+from kernel_attention.difference_index import DifferenceIndex
 from kernel_attention.filters import FILTERS, Filter, make_filter
 from kernel_attention.functional import attention, choose_backend, explain, validation
 from kernel_attention.kernels import KERNELS, Kernel, make_kernel
@@ -19,5 +20,5 @@ from kernel_attention.smoother import PositionalTerms
 __version__ = "0.1.0"
 
 __all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
-           "Filter", "PositionalTerms", "make_kernel", "make_filter", "make_position", "Registry", "SpecError",
-           "validation", "decompose", "regularization", "share_spectral", "__version__"]
+           "Filter", "PositionalTerms", "DifferenceIndex", "make_kernel", "make_filter", "make_position", "Registry",
+           "SpecError", "validation", "decompose", "regularization", "share_spectral", "__version__"]

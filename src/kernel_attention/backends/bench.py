@@ -227,12 +227,11 @@ def machine(threads: int | None = None) -> str:
     """The machine in one line; ``threads``: the torch threads each cell ran with."""
     import torch
 
-    from kernel_attention.machine import cpu_name
+    from kernel_attention.machine import cpu
     from kernel_attention.malloc import describe
 
-    cpu = f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return (f"{platform.system()} {platform.machine()}, CPU {cpu}, {os.cpu_count()} cores, torch "
+    return (f"{platform.system()} {platform.machine()}, CPU {cpu()}, {os.cpu_count()} cores, torch "
             f"{torch.__version__}, {threads or torch.get_num_threads()} torch thread(s) per cell, GPU: {gpu}, "
             f"malloc: {describe()}")
 

@@ -7,7 +7,7 @@ import platform
 import time
 from pathlib import Path
 
-from kernel_attention.machine import cpu_name
+from kernel_attention.machine import cpu
 from kernel_attention.study.core import StudyOptions, get_study
 from kernel_attention.study.report import render_tables, write_csv
 from kernel_attention.study.runner import cell_dir, run_study
@@ -24,9 +24,8 @@ def machine() -> str:
 
     from kernel_attention.malloc import describe
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (f"{platform.machine()} {cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} CPU "
-            f"cores, {platform.system()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s){gpu}, "
-            f"malloc: {describe()}")
+    return (f"{platform.machine()} {cpu()}, {os.cpu_count()} CPU cores, {platform.system()}, torch "
+            f"{torch.__version__}, {torch.get_num_threads()} thread(s){gpu}, malloc: {describe()}")
 
 
 def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
