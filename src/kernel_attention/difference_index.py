@@ -67,6 +67,9 @@ class DifferenceIndex:
         """o when a[b, i] - c[b, j] = o + i - j for every pair (one sequence of unit-step positions for the
         queries and one for the keys, the same in every batch row), else None: O(Tq + Tk)."""
 
+        if self.a.numel() == 0 or self.c.numel() == 0:
+            return None
+
         def unit_steps(x: Tensor) -> bool:
             steps = x[0] - x[0, 0] == torch.arange(x.shape[1], device=x.device)
             return bool((x == x[:1]).all()) and bool(steps.all())

@@ -50,7 +50,7 @@ __all__ = ["SliceSpec", "sliced_smoother", "relative_base", "SLICE_ELEMENTS"]
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 #: log2(e): the backward forms P as 2^(log2(e)·(s - lse)); PyTorch's exp2 runs about 3x faster than its exp on
-#: the CPU (75 against 221 us for 256K float32 elements, AVX-512), and log2(e) rides in the product's alpha/beta.
+#: the CPU (75 against 221 us for 256K float32 elements, AVX-512), and log2(e) is folded into the operands.
 LOG2E = 1.4426950408889634
 
 #: Elements of one (rows, Tk) slice buffer: 1M float32 = 4 MB, 256 rows at Tk = 4096.
