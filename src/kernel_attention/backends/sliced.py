@@ -25,7 +25,7 @@ mask).  **Backward**, per slice, with δ_i = dO_i·O_i:
 
 The blocked path (:mod:`kernel_attention.backends.chunked`) runs a block over all B·H slices at once: (B, H,
 rows, Tk) buffers of 32-128 MB that every elementwise step reads and writes in main memory, fresh per block,
-and the term's gradient through autograd.  Here a slice's (rows, Tk) buffers (at most 4 MB) are allocated once
+and the term's gradient through autograd.  Here a slice's (rows, Tk) buffers (4 MB at Tk = 4096) are allocated once
 per block and reused by its B·H slices, so they stay in cache; dk' and dv are accumulated transposed,
 (D, cols) += (D, rows)·(rows, cols), the faster form of that product on the CPU; the relative logits' rows are
 padded to a multiple of 16 elements (:func:`_padded`), and dS is written straight into the skewed view of G
@@ -53,8 +53,11 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 #: the CPU (75 against 221 us for 256K float32 elements, AVX-512), and log2(e) is folded into the operands.
 LOG2E = 1.4426950408889634
 
-#: Elements of one (rows, Tk) slice buffer: 1M float32 = 4 MB, 256 rows at Tk = 4096.
-SLICE_ELEMENTS = 1 << 20
+#: Elements of one (rows, Tk) slice buffer at most: 16M float32 = 64 MB, so that blocks keep the 256 rows of
+#: MAX_BLOCK_ROWS up to Tk = 65536 (4 MB at Tk = 4096).  A budget of 4 MB (64 rows at Tk = 16384) made `xl` 2.45x
+#: SDPA at T = 16384 against 2.07x with 256 rows, and 128 rows gave 2.19x (B = 1, H = 2); `product` 2.00x against
+#: 1.63x: fewer, wider products per slice and a quarter of the flash calls outweigh buffers that leave the cache.
+SLICE_ELEMENTS = 1 << 24
 
 
 @dataclasses.dataclass
