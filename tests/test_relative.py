@@ -1,5 +1,7 @@
-"""Relative logits of a block: the strided skew (Toeplitz index) equals the gather form, values and gradients."""
+"""Relative logits of a block: the strided skew (Toeplitz index) equals the gather form, values and gradients;
+the relative index kept as two position vectors (DifferenceIndex) equals its materialised tensor."""
 
+import pytest
 import torch
 
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
@@ -39,7 +41,7 @@ def test_difference_index_blocks_and_toeplitz_base_match_the_materialised_index(
         "memory in front": (torch.arange(tk - tq, tk)[None] + 3, torch.arange(tk)[None], 3 + tk - tq),
         "per-sequence offsets": (torch.stack([torch.arange(tq), torch.arange(tq) + 2]), torch.arange(tk)[None], None),
         "a gap in the keys": (torch.arange(tq)[None], torch.cat([torch.arange(4), torch.arange(5, 10)])[None], None),
-        "keys in reverse": (torch.arange(tq)[None], torch.arange(tk).flip(0)[None] , None),
+        "keys in reverse": (torch.arange(tq)[None], torch.arange(tk).flip(0)[None], None),
     }
     for name, (a, c, base) in cases.items():
         index = DifferenceIndex(a, c)
@@ -60,12 +62,8 @@ def test_difference_index_blocks_and_toeplitz_base_match_the_materialised_index(
         torch.testing.assert_close(index.materialize(), dense)
         torch.testing.assert_close(index[..., 2:6, 1:8], dense[..., 2:6, 1:8])
         assert shaw_clip(index, t, t) == shaw_clip(dense, t, t) and toeplitz_base(index) is None
-    try:
+    with pytest.raises(ValueError, match=r"\(B\|1, Tq\)"):  # batch sizes 2 and 3 do not broadcast
         DifferenceIndex(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long))
-    except ValueError as e:
-        assert "(B|1, Tq)" in str(e)
-    else:
-        raise AssertionError("batch sizes 2 and 3 do not broadcast")
 
 
 def test_xl_terms_hold_no_tq_by_tk_tensor_and_index_the_distances():
@@ -76,8 +74,11 @@ def test_xl_terms_hold_no_tq_by_tk_tensor_and_index_the_distances():
     tq, tk = 48, 64
     q, k = torch.randn(1, 2, tq, 4), torch.randn(1, 2, tk, 4)
     pq, pk = default_positions(tq, tk, "cpu", True)  # queries at the last tq of tk positions
-    q_side, table, index = pos.terms(q, k, pq, pk).relative_factors[0]
+    terms = pos.terms(q, k, pq, pk)
+    q_side, table, index = terms.relative_factors[0]
     assert isinstance(index, DifferenceIndex) and toeplitz_base(index) is not None
+    held = [terms.key_bias, q_side, table, index.a, index.c]
+    assert max(x.numel() for x in held) < tq * tk  # every piece is O(T), none (Tq, Tk)
     dist = relative_distance(pq, pk)[..., 0].long()
     torch.testing.assert_close(index.materialize(), dist - dist.min())
     assert table.shape[1] == int(dist.max() - dist.min()) + 1  # one row per distance met
