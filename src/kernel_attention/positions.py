@@ -54,19 +54,24 @@ def _integral(x: Tensor) -> bool:
     return not x.is_floating_point() or bool((x == x.round()).all())
 
 
-def _difference_index(pq: Tensor, pk: Tensor) -> tuple[DifferenceIndex | Tensor, int, int]:
-    """Row t_q - t_k - lo of a table of the distances lo..hi for each pair, and lo, hi: pq (Bp, Tq) and pk
-    (Bp, Tk) of one axis.  Integer positions give a :class:`DifferenceIndex` (O(Tq + Tk), no (Tq, Tk)
-    tensor); others the materialised distances, truncated as before."""
+def _pair_index(pq: Tensor, pk: Tensor, shift: int = 0, clip: int | None = None) -> DifferenceIndex | Tensor:
+    """Row of a table for each (query, key) pair of one axis, pq (Bp, Tq) and pk (Bp, Tk): t_q - t_k - shift, or
+    clip(t_q - t_k, -clip, clip) + clip.  Integer positions give a :class:`DifferenceIndex` (O(Tq + Tk), no
+    (Tq, Tk) tensor); others the materialised (Bp, Tq, Tk) index, the distances truncated to integers."""
+    if _integral(pq) and _integral(pk):
+        return DifferenceIndex(pq.long() - shift, pk.long(), clip)
+    d = pq[:, :, None] - pk[:, None, :]
+    return d.long() - shift if clip is None else d.clamp(-clip, clip).long() + clip
+
+
+def _distance_range(pq: Tensor, pk: Tensor) -> tuple[int, int]:
+    """lo, hi: the least and greatest (truncated) t_q - t_k over the pairs of each sequence of one axis."""
     if not (_integral(pq) and _integral(pk)):
-        dist = (pq[:, :, None] - pk[:, None, :]).long()
-        lo, hi = int(dist.min()), int(dist.max())
-        return dist - lo, lo, hi
+        d = (pq[:, :, None] - pk[:, None, :]).long()
+        return int(d.min()), int(d.max())
     pq, pk = pq.long(), pk.long()
-    # over the pairs of each sequence: min (t_q - t_k) = min t_q - max t_k, and the same for the max
-    lo = int((pq.min(-1).values - pk.max(-1).values).min())
-    hi = int((pq.max(-1).values - pk.min(-1).values).max())
-    return DifferenceIndex(pq - lo, pk), lo, hi
+    # min (t_q - t_k) = min t_q - max t_k, and the same for the max: O(Tq + Tk)
+    return int((pq.min(-1).values - pk.max(-1).values).min()), int((pq.max(-1).values - pk.min(-1).values).max())
 
 
 class PositionScheme(nn.Module):
@@ -142,14 +147,7 @@ class ShawPosition(PositionScheme):
     def index(self, pos_q: Tensor, pos_k: Tensor) -> list[DifferenceIndex | Tensor]:
         """Row of the table for each (query, key) pair, per axis: (Bp, Tq, Tk) in [0, 2·clip], a
         :class:`DifferenceIndex` for integer positions (no (Tq, Tk) tensor)."""
-        out = []
-        for a in range(pos_q.shape[-1]):
-            pq, pk = pos_q[..., a], pos_k[..., a]
-            if _integral(pq) and _integral(pk):
-                out.append(DifferenceIndex(pq.long(), pk.long(), clip=self.clip))
-            else:
-                out.append((pq[:, :, None] - pk[:, None, :]).clamp(-self.clip, self.clip).long() + self.clip)
-        return out
+        return [_pair_index(pos_q[..., a], pos_k[..., a], clip=self.clip) for a in range(pos_q.shape[-1])]
 
     def terms(self, q, k, pos_q, pos_k):
         idx = self.index(pos_q, pos_k)
@@ -201,14 +199,14 @@ class XLPosition(PositionScheme):
         qv = (q + self.v.to(q.dtype)[None, :, None, :]) * scale
         rel = []
         for a, r_net in enumerate(self.r_net):
-            index, lo, hi = _difference_index(pos_q[..., a], pos_k[..., a])
+            lo, hi = _distance_range(pos_q[..., a], pos_k[..., a])
             distances = torch.arange(lo, hi + 1, device=q.device)
             if self.clamp_len is not None:
                 distances = distances.clamp(-self.clamp_len, self.clamp_len)
             r = r_net(sinusoid(distances, self.d_model, q.dtype))  # (R, H·d)
             r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
             # (Tq, R) logits are formed by whoever consumes the terms, a block of rows at a time.
-            rel.append((qv, r, index))
+            rel.append((qv, r, _pair_index(pos_q[..., a], pos_k[..., a], shift=lo)))
         return PositionalTerms(key_bias=key_bias, relative_factors=rel)
 
 

@@ -105,6 +105,14 @@ def empty_rows(keep: Tensor | None) -> Tensor | None:
     return empty if bool(empty.any()) else None
 
 
+def sum_to(x: Tensor, shape) -> Tensor:
+    """Sum a broadcast gradient back to ``shape`` (same number of dimensions, 1 where it was broadcast)."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    dims = [i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
+    return x.sum(dims, keepdim=True) if dims else x
+
+
 def pad_last(x: Tensor, d: int) -> Tensor:
     """x zero-padded to size d in its last dimension (the CPU flash kernel wants one head size for q, k, v)."""
     return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import pad_last
+from kernel_attention.backends.base import pad_last, sum_to
 
 __all__ = ["ChunkSpec", "plan_blocks", "chunked_smoother"]
 
@@ -117,14 +117,6 @@ def _dropout_mask(spec: ChunkSpec, i: int, like: Tensor) -> Tensor:
     gen.manual_seed(spec.seed + i)
     keep = torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype) >= spec.dropout_p
     return keep.to(like.dtype) / (1.0 - spec.dropout_p)
-
-
-def _sum_to(x: Tensor, shape) -> Tensor:
-    """Sum a broadcast gradient back to ``shape``."""
-    if tuple(x.shape) == tuple(shape):
-        return x
-    dims = [i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
-    return x.sum(dims, keepdim=True) if dims else x
 
 
 class _Sliced:
@@ -265,7 +257,7 @@ class _Chunked(torch.autograd.Function):
                 dk[..., cols, :] += torch.matmul(ds.transpose(-1, -2), qf[..., rows, :]).mul_(spec.scale)
             if bias_g is not None and bias_g.requires_grad:
                 idx = [j for j in want]
-                grads = torch.autograd.grad(bias_g, block_inputs(idx), _sum_to(ds, bias_g.shape),
+                grads = torch.autograd.grad(bias_g, block_inputs(idx), sum_to(ds, bias_g.shape),
                                             allow_unused=True)
                 accumulate(grads, idx)
         return (None, dq, dk, dv, *gext)

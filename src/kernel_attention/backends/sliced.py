@@ -41,8 +41,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import Problem, pad_last
-from kernel_attention.backends.chunked import _sum_to
+from kernel_attention.backends.base import Problem, pad_last, sum_to
 from kernel_attention.backends.relative import toeplitz_base
 
 __all__ = ["SliceSpec", "sliced_smoother", "relative_base", "SLICE_ELEMENTS"]
@@ -54,9 +53,10 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 LOG2E = 1.4426950408889634
 
 #: Elements of one (rows, Tk) slice buffer at most: 16M float32 = 64 MB, so that blocks keep the 256 rows of
-#: MAX_BLOCK_ROWS up to Tk = 65536 (4 MB at Tk = 4096).  A budget of 4 MB (64 rows at Tk = 16384) made `xl` 2.45x
-#: SDPA at T = 16384 against 2.07x with 256 rows, and 128 rows gave 2.19x (B = 1, H = 2); `product` 2.00x against
-#: 1.63x: fewer, wider products per slice and a quarter of the flash calls outweigh buffers that leave the cache.
+#: MAX_BLOCK_ROWS up to Tk = 65536 (4 MB at Tk = 4096).  In a trial, a budget of 4 MB (64 rows at Tk = 16384)
+#: made `xl` 2.45x SDPA at T = 16384 against 2.07x with 256 rows, and 128 rows gave 2.19x (B = 1, H = 2);
+#: `product` 2.00x against 1.63x: fewer, wider products per slice and a quarter of the flash calls outweigh
+#: buffers that leave the cache.
 SLICE_ELEMENTS = 1 << 24
 
 
@@ -332,7 +332,7 @@ class _Sliced(torch.autograd.Function):
                 term.end_head(blk, hh)
             term.end_block()
         dq.mul_(spec.scale)
-        dkb = _sum_to(dk_t[:, :, d:], key_bias.shape) if want_kb else None
+        dkb = sum_to(dk_t[:, :, d:], key_bias.shape) if want_kb else None
         return (None, dq, dk_t[:, :, :d].transpose(-1, -2), dv_t.transpose(-1, -2), dkb, *term_cls.final(grads))
 
 
