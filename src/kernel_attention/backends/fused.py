@@ -19,8 +19,9 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
 * **sliced** -- on the CPU, a kernel with SDPA features and one additive term that is cheap to form per
   block of rows, any filter, no dropout (:mod:`kernel_attention.backends.sliced`): Transformer-XL's relative
   term (``xl`` with default positions or any index base + i - j), and ``product`` positions shared by a
-  batch of B > 1.  The term is the flash kernel's mask in the forward pass, and the backward runs per
-  (block of rows, head, batch element) slice, whose buffers stay in cache.  Concatenated, ``product``'s
+  batch of B > 1.  Both passes run per (block of rows, head, batch element) slice, whose buffers stay in
+  cache, as compiled loops (:mod:`kernel_attention.backends.native`, built on first use); without them the
+  term is the flash kernel's mask in the forward pass and the backward's slices run in Python.  Concatenated, ``product``'s
   features would double the head size of every product of the flash kernel, whose CPU version also pads
   v to that size (about 2x SDPA); as a (rows, Tk) term formed once per head and block for the whole batch
   it costs about 1.4-1.5x (measured, docs/benchmarks.md).  At B = 1 nothing is shared and the one-call
@@ -57,6 +58,7 @@ from kernel_attention.backends.banded import banded_clip, shaw_banded
 from kernel_attention.backends.blocked import blocked_spec
 from kernel_attention.backends.chunked import chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
+from kernel_attention.backends import native
 from kernel_attention.backends.sliced import SLICE_ELEMENTS, SliceSpec, relative_base, sliced_smoother
 from kernel_attention.backends.squared import squared_route, squared_smoother
 from kernel_attention.registry import Param
@@ -258,8 +260,11 @@ class FusedBackend(Backend):
             rows = self._slice_rows(p)
             blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1]
             note = "" if p.keep is None or self._direct_mask(p)[0] else "; " + _filter_note(p, blocks)
-            return (f"fused: {what}, the flash kernel's mask in the forward pass; {len(blocks)} blocks of {rows} "
-                    f"query rows, the backward per (head, block, batch element) slice{note}")
+            off = native.why_not(p.q.dtype)
+            loop = ("both passes per (head, block, batch element) slice, compiled (backends/native.py)" if off is None
+                    else "the flash kernel's mask in the forward pass, the backward per (head, block, batch element) "
+                         f"slice, in Python (compiled loop: {off})")
+            return f"fused: {what}; {len(blocks)} blocks of {rows} query rows, {loop}{note}"
         b, h, tq, tk = p.shape
         rows = self._rows(p, route.shared)
         _, blocks = plan_blocks(p.keep, tq, tk, rows)

@@ -41,6 +41,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from kernel_attention.backends import native
 from kernel_attention.backends.base import Problem, pad_last, sum_to
 from kernel_attention.backends.relative import toeplitz_base
 
@@ -58,6 +59,16 @@ LOG2E = 1.4426950408889634
 #: `product` 2.00x against 1.63x: fewer, wider products per slice and a quarter of the flash calls outweigh
 #: buffers that leave the cache.
 SLICE_ELEMENTS = 1 << 24
+
+
+#: Rows per relative product in the compiled loops (:func:`rel_chunk_rows`); 0 runs each on the whole block.
+REL_CHUNK = 128
+
+
+def rel_chunk_rows(n: int, m: int) -> int:
+    """Rows per chunk of the compiled loops' relative products for a block of n rows and m keys: a block meets
+    n + m - 1 distances (1.25x the keys at n = 256, m = 1024), a chunk of r rows m + r - 1."""
+    return REL_CHUNK if 0 < REL_CHUNK < n and m < 8 * n else n
 
 
 @dataclasses.dataclass
@@ -111,6 +122,8 @@ class _Relative:
 
     #: the forward runs per slice (each slice has its own term)
     forward_per_block = False
+    #: the term's number in the compiled loop (csrc/sliced.cpp)
+    NATIVE_ID = 0
 
     @staticmethod
     def zero_grads(qv: Tensor, table: Tensor) -> list:
@@ -150,6 +163,14 @@ class _Relative:
     def end_head(self, blk: "_Block", hh: int) -> None:
         pass
 
+    def native_inputs(self) -> list:
+        """The compiled loop's term tensors: qv and the block's reversed table; in the backward also dqv, the
+        table's gradient (transposed) and G (:meth:`native_grads`)."""
+        return [self.qv, self.rev]
+
+    def native_grads(self) -> list:
+        return [self.grads[0], self.drev_t, self.g_rel]
+
     def end_block(self) -> None:
         self.grads[1][:, self.a:self.z] += self.drev_t[..., :self.z - self.a].transpose(-1, -2).flip(1)
 
@@ -161,6 +182,7 @@ class _Shared:
 
     #: the forward runs one flash call per block, its (1, H, n, m) mask shared by the batch
     forward_per_block = True
+    NATIVE_ID = 1
 
     @staticmethod
     def zero_grads(qf_t: Tensor, kf_t: Tensor) -> list:
@@ -209,6 +231,13 @@ class _Shared:
     def end_head(self, blk: "_Block", hh: int) -> None:
         self.grads[0][0, hh, blk.rows].addmm_(self.db, self.kf_t[0, hh, blk.cols])
         self.grads[1][0, hh, :, blk.cols].addmm_(self.qf_t[0, hh, blk.rows].t(), self.db)
+
+    def native_inputs(self) -> list:
+        """The compiled loop's term tensors: the two feature tensors; in the backward also their gradients."""
+        return [self.qf_t, self.kf_t]
+
+    def native_grads(self) -> list:
+        return self.grads
 
     def end_block(self) -> None:
         pass
@@ -271,7 +300,14 @@ class _Sliced(torch.autograd.Function):
         qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
         out = v.new_zeros(b, h, tq, dv)
         lse = v.new_zeros(b, h, tq)
-        if _TERMS[spec.term].forward_per_block:  # one flash call per block: faster than B·H calls
+        compiled = native.sliced() if native.why_not(qf.dtype) is None else None
+        if compiled is not None:  # per slice, compiled (backends/native.py)
+            kb2 = None if key_bias is None else key_bias * LOG2E
+            for blk in _blocks(spec, extras):
+                compiled.block_forward(qf, kf, v, kb2, blk.drop, 0 if blk.drop is None else blk.drop_cols.start,
+                                       blk.r0, blk.r1, blk.lo, blk.hi, spec.scale, out, lse,
+                                       blk.term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m), blk.term.native_inputs())
+        elif _TERMS[spec.term].forward_per_block:  # one flash call per block: faster than B·H calls
             for r0, r1, lo, hi in spec.blocks:
                 if hi > lo:
                     rows, cols = slice(r0, r1), slice(lo, hi)
@@ -314,8 +350,16 @@ class _Sliced(torch.autograd.Function):
         dv_t = v.new_zeros(b, h, v.shape[-1], tk)
         term_cls = _TERMS[spec.term]
         grads = term_cls.zero_grads(*extras)
+        compiled = native.sliced() if native.why_not(qf.dtype) is None else None
         for blk in _blocks(spec, extras, grads):
             rows, cols, term = blk.rows, blk.cols, blk.term
+            if compiled is not None:  # the same loop, compiled (backends/native.py)
+                compiled.block_backward(q2, qs, kf, v, gout, lse2, delta, kb2, blk.drop,
+                                        0 if blk.drop is None else blk.drop_cols.start, blk.r0, blk.r1, blk.lo,
+                                        blk.hi, dq, dk_t, dv_t, term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m),
+                                        term.native_inputs() + term.native_grads())
+                term.end_block()
+                continue
             s, dp = qf.new_empty(blk.n, blk.m), qf.new_empty(blk.n, blk.m)
             ds = term.ds  # where the term wants dS: the skewed view of G, or a buffer of its own
             for hh in range(h):

@@ -1,0 +1,360 @@
+// The sliced path's two passes for one block of query rows, its (head, batch element) slices in one loop
+// (kernel_attention/backends/sliced.py has the algorithm and the Python loop this replaces;
+// kernel_attention/backends/native.py builds this file).
+//
+// Forward, per slice, with the logits in base 2, s2 = log2(e)·(scale·q'k'^T + t + b):
+//
+//     s2 = log2(e)·(t + b), then += log2(e)·scale·q' k'^T     one pass, one product
+//     P = 2^(s2 - max), o = P v / Σ P, lse = (max + log2 Σ P) / log2(e)      two passes, one product
+//
+// Backward, per slice, with δ_i = dO_i·O_i:
+//
+//     P  = 2^(q2 k^T + log2(e)·t + kb2 - lse2)      one product, then one pass
+//     dv^T += dO^T P,   dP = dO v^T
+//     dS = P ⊙ (dP - δ)                              one pass, written where the term reads it
+//     dq = dS k,   dk^T += qs^T dS
+//
+// and the term's own products (Transformer-XL's relative logits and their gradients, or product's
+// positional logits shared by the batch).  The Python loop spends four elementwise passes and a copy of the
+// term per backward slice (add, sub, exp2, sub, mul) and gives the forward to the flash kernel with the term
+// as its mask; here each pass is fused and runs over a slice that is still in cache, and the products are
+// the same ATen calls.  Compiled with -ffast-math for the vectorised exp2 of glibc's libmvec, so no value
+// here is infinite or NaN: the backward zeroes the pairs a filter drops after its pass, the forward gives
+// them the finite logit DROPPED.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+// 2^x, and 0 for x < -100: glibc's vector exp2 sends a whole vector to its scalar path when one lane
+// underflows (x below about -126, as for the pairs a filter drops), which made a causal forward pass slower
+// than the flash kernel's; a weight under 2^-100 of the row's largest is below the rounding of either
+// precision's sum.
+template <typename T>
+inline T exp2_flush(T x) {
+  const T e = std::exp2(x < T(-100) ? T(-100) : x);
+  return x < T(-100) ? T(0) : e;
+}
+
+// t[b, h] for t (B|1, H|1, ...): broadcast dimensions read at 0.
+Tensor pick(const Tensor& t, int64_t b, int64_t h) {
+  return t.select(0, t.size(0) > 1 ? b : 0).select(0, t.size(1) > 1 ? h : 0);
+}
+
+// The pairs a filter drops in a slice: drop[i, j - c0] for columns [c0, c0 + c), from a bool (n|1, c) view;
+// empty when the filter keeps every pair of the block.
+struct Drop {
+  const bool* p = nullptr;
+  int64_t s0 = 0, s1 = 0, c0 = 0, c = 0;
+  Drop() = default;
+  Drop(const Tensor& d, int64_t n, int64_t col0)
+      : p(d.data_ptr<bool>()), s0(d.size(0) == 1 ? 0 : d.stride(0)), s1(d.stride(1)), c0(col0), c(d.size(1)) {
+    TORCH_CHECK(d.size(0) == 1 || d.size(0) == n, "sliced: the filter's rows do not fit the block");
+  }
+  // row[j] = value where row i drops the pair
+  template <typename T>
+  void apply(T* row, int64_t i, T value) const {
+    if (!p) return;
+    const bool* di = p + i * s0;
+    T* r = row + c0;
+    for (int64_t j = 0; j < c; ++j)
+      if (di[j * s1]) r[j] = value;
+  }
+};
+
+// s[i, j] <- 2^(s[i, j] + f·t[i, j] + kb[j] - l[i]), 0 where the filter drops the pair;  t has unit column
+// stride and row stride ts, kb is contiguous; either may be absent.
+template <typename T, bool HasTerm, bool HasBias>
+void exp2_rows(T* s, int64_t ss, const T* t, int64_t ts, T f, const T* kb, const T* l, const Drop& drop, int64_t n,
+               int64_t m) {
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    const T* __restrict__ kbr = kb;
+    for (int64_t i = i0; i < i1; ++i) {
+      T* __restrict__ si = s + i * ss;
+      const T* __restrict__ ti = t + (HasTerm ? i * ts : 0);
+      const T li = l[i];
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) {
+        T x = si[j] - li;
+        if constexpr (HasTerm) x += f * ti[j];
+        if constexpr (HasBias) x += kbr[j];
+        si[j] = exp2_flush(x);
+      }
+      drop.apply(si, i, T(0));
+    }
+  });
+}
+
+// ds[i, j] <- (dp[i, j] - δ[i]) · p[i, j], and db[i, j] += ds[i, j] when db is given (contiguous rows
+// of length m for dp, p and db; ds with row stride dss).
+template <typename T, bool Acc>
+void ds_rows(T* ds, int64_t dss, const T* dp, const T* p, const T* delta, T* db, int64_t n, int64_t m) {
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T* di = ds + i * dss;
+      const T* dpi = dp + i * m;
+      const T* pi = p + i * m;
+      const T d = delta[i];
+      T* dbi = Acc ? db + i * m : nullptr;
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) {
+        T x = (dpi[j] - d) * pi[j];
+        di[j] = x;
+        if constexpr (Acc) dbi[j] += x;
+      }
+    }
+  });
+}
+
+template <typename T>
+void form_p(Tensor& s, const Tensor* term, T f, const Tensor* kb, const Tensor& l, const Drop& drop) {
+  const int64_t n = s.size(0), m = s.size(1);
+  T* sp = s.data_ptr<T>();
+  const T* tp = term ? term->data_ptr<T>() : nullptr;
+  const int64_t ts = term ? term->stride(0) : 0;
+  const T* kp = kb ? kb->data_ptr<T>() : nullptr;
+  const T* lp = l.data_ptr<T>();
+  if (term && kb) exp2_rows<T, true, true>(sp, m, tp, ts, f, kp, lp, drop, n, m);
+  else if (term) exp2_rows<T, true, false>(sp, m, tp, ts, f, kp, lp, drop, n, m);
+  else if (kb) exp2_rows<T, false, true>(sp, m, tp, ts, f, kp, lp, drop, n, m);
+  else exp2_rows<T, false, false>(sp, m, tp, ts, f, kp, lp, drop, n, m);
+}
+
+// s[i, j] <- f·t[i, j] + kb[j] (kb absent: f·t[i, j]), `dropped` where the filter drops the pair; t with unit
+// column stride.
+template <typename T>
+void bias_rows(Tensor& s, const Tensor& t, T f, const Tensor* kb, const Drop& drop, T dropped) {
+  const int64_t n = s.size(0), m = s.size(1), ts = t.stride(0);
+  T* sp = s.data_ptr<T>();
+  const T* tp = t.data_ptr<T>();
+  const T* kp = kb ? kb->data_ptr<T>() : nullptr;
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T* si = sp + i * m;
+      const T* ti = tp + i * ts;
+      if (kp) {
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) si[j] = f * ti[j] + kp[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) si[j] = f * ti[j];
+      }
+      drop.apply(si, i, dropped);
+    }
+  });
+}
+
+// The logit of a dropped pair in the forward pass, in base 2: 2^(DROPPED - max) is 0 for any kept max, and a
+// row whose maximum is below EMPTY keeps no key.
+constexpr double DROPPED = -1e30, EMPTY = -1e29;
+
+// Row by row over s2 (n, m) in base 2: P = 2^(s2 - max) in place, inv[i] = 1 / Σ_j P_ij and
+// lse[i] = (max + log2 Σ_j P_ij) / log2(e); a row that keeps no key: P = 0, inv = 0, lse = 0.
+template <typename T>
+void softmax_rows(Tensor& s, T* inv, Tensor& lse) {
+  const int64_t n = s.size(0), m = s.size(1), ls = lse.stride(0);
+  T* sp = s.data_ptr<T>();
+  T* lp = lse.data_ptr<T>();
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T* si = sp + i * m;
+      T mx = static_cast<T>(DROPPED);
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < m; ++j) mx = si[j] > mx ? si[j] : mx;
+      if (mx < static_cast<T>(EMPTY)) {
+        for (int64_t j = 0; j < m; ++j) si[j] = 0;
+        inv[i] = 0;
+        lp[i * ls] = 0;
+        continue;
+      }
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < m; ++j) {
+        T p = exp2_flush(si[j] - mx);
+        si[j] = p;
+        sum += p;
+      }
+      inv[i] = 1 / sum;
+      lp[i * ls] = (mx + std::log2(sum)) / static_cast<T>(M_LOG2E);
+    }
+  });
+}
+
+// Transformer-XL's relative logits of a slice: row i of the block meets the distances of columns
+// [n - 1 - i, n - 1 - i + m) of its (n, w) logits, so a block of n rows meets n + m - 1 distances.  The three
+// relative products run on chunks of `step` rows (the caller's choice, sliced.py's rel_chunk_rows), each
+// over its own m + step - 1 columns.
+// logits[i, c] = qv_i · rev_c over each row's columns (the rest of the buffer is not read)
+void rel_logits(Tensor& logits, const Tensor& qv, const Tensor& rev, int64_t m, int64_t step) {
+  const int64_t n = qv.size(0);
+  for (int64_t c0 = 0; c0 < n; c0 += step) {
+    const int64_t r = std::min(step, n - c0), a = n - c0 - r, w = m + r - 1;
+    Tensor out = logits.narrow(0, c0, r).narrow(1, a, w);
+    at::mm_out(out, qv.narrow(0, c0, r), rev.narrow(0, a, w).t());
+  }
+}
+
+// dqv += G rev and drev^T += qv^T G, G (n, w) zero outside each row's columns
+void rel_grads(const Tensor& g, const Tensor& qv, const Tensor& rev, Tensor dqv, Tensor drev_t, int64_t m,
+               int64_t step) {
+  const int64_t n = qv.size(0);
+  for (int64_t c0 = 0; c0 < n; c0 += step) {
+    const int64_t r = std::min(step, n - c0), a = n - c0 - r, w = m + r - 1;
+    Tensor gc = g.narrow(0, c0, r).narrow(1, a, w);
+    dqv.narrow(0, c0, r).addmm_(gc, rev.narrow(0, a, w));
+    drev_t.narrow(1, a, w).addmm_(qv.narrow(0, c0, r).t(), gc);
+  }
+}
+
+}  // namespace
+
+// One block of query rows [r0, r1) against keys [lo, hi), every (head, batch element) slice of it.
+//
+//   q2 (B, H, Tq, D)   log2(e)·scale·q',        qs (B, H, Tq, D [+1])  scale·q' [and a column of ones]
+//   kf (B, H, Tk, D), v (B, H, Tk, Dv), gout (B, H, Tq, Dv), lse2 (B, H, Tq) = log2(e)·lse, delta (B, H, Tq)
+//   kb2 (B|1, H|1, 1, Tk) log2(e)·key bias, or None;  drop (B|1, H|1, n, c) bool, or None, for
+//   columns [drop_c0, drop_c0 + c) of the block's span
+//   dq (B, H, Tq, D), dk_t (B, H, D [+1], Tk), dv_t (B, H, Dv, Tk): accumulated
+//   chunk: rows per relative product (rel_logits); the term's tensors:
+//   term 0, Transformer-XL's relative logits: extras = qv (B|1, H, Tq, d), rev (H|1, w, d), dqv (B|1, H, Tq,
+//     d), drev_t (H|1, d, w), g_rel (n, w) zero outside the band dS fills
+//   term 1, product's positional logits shared by the batch: extras = qf_t (1, H, Tq, F), kf_t (1, H, Tk, F),
+//     dqf (1, H, Tq, F), dkf_t (1, H, F, Tk)
+void block_backward(const Tensor& q2, const Tensor& qs, const Tensor& kf, const Tensor& v, const Tensor& gout,
+                    const Tensor& lse2, const Tensor& delta, const c10::optional<Tensor>& kb2_,
+                    const c10::optional<Tensor>& drop_,
+                    int64_t drop_c0, int64_t r0, int64_t r1, int64_t lo, int64_t hi, Tensor dq, Tensor dk_t,
+                    Tensor dv_t, int64_t term, int64_t chunk, std::vector<Tensor> extras) {
+  const int64_t B = v.size(0), H = v.size(1), n = r1 - r0, m = hi - lo;
+  TORCH_CHECK(term == 0 || term == 1, "block_backward: term must be 0 (relative) or 1 (shared), got ", term);
+  TORCH_CHECK(extras.size() == 5 - term, "block_backward: wrong number of term tensors");
+  auto opts = q2.options();
+  Tensor s = at::empty({n, m}, opts), dp = at::empty({n, m}, opts);
+  Tensor logits, ds, db, head;
+  if (term == 0) {
+    const Tensor& g_rel = extras[4];
+    logits = at::empty_like(g_rel);
+    // pair (i, j) sits at column n - 1 - i + j of the relative logits and of their gradient
+    ds = g_rel.as_strided({n, m}, {g_rel.stride(0) - 1, 1}, g_rel.storage_offset() + n - 1);
+  } else {
+    ds = at::empty({n, m}, opts);
+    db = at::empty({n, m}, opts);
+    head = at::empty({n, m}, opts);
+  }
+  const bool has_kb = kb2_.has_value(), has_drop = drop_.has_value();
+  const Tensor kb2 = has_kb ? *kb2_ : Tensor(), drop = has_drop ? *drop_ : Tensor();
+  for (int64_t hh = 0; hh < H; ++hh) {
+    if (term == 1) {
+      at::mm_out(head, extras[0][0][hh].narrow(0, r0, n), extras[1][0][hh].narrow(0, lo, m).t());
+      db.zero_();
+    }
+    for (int64_t bb = 0; bb < B; ++bb) {
+      Tensor qrow = q2[bb][hh].narrow(0, r0, n), k = kf[bb][hh].narrow(0, lo, m);
+      Tensor vv = v[bb][hh].narrow(0, lo, m), g = gout[bb][hh].narrow(0, r0, n);
+      Tensor src;
+      if (term == 0) {
+        const Tensor& qv = extras[0];
+        const Tensor& rev = extras[1];
+        rel_logits(logits, pick(qv, bb, hh).narrow(0, r0, n), rev.size(0) > 1 ? rev[hh] : rev[0], m, chunk);
+        src = logits.as_strided({n, m}, {logits.stride(0) - 1, 1}, logits.storage_offset() + n - 1);
+      } else {
+        src = head;
+      }
+      at::mm_out(s, qrow, k.t());
+      Tensor kb = has_kb ? pick(kb2, bb, hh)[0].narrow(0, lo, m).contiguous() : Tensor();
+      Tensor l = lse2[bb][hh].narrow(0, r0, n);
+      AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward", [&] {
+        form_p<scalar_t>(s, &src, static_cast<scalar_t>(M_LOG2E), has_kb ? &kb : nullptr, l,
+                         has_drop ? Drop(pick(drop, bb, hh), n, drop_c0) : Drop());
+      });
+      dv_t[bb][hh].narrow(1, lo, m).addmm_(g.t(), s);
+      at::mm_out(dp, g, vv.t());
+      Tensor dl = delta[bb][hh].narrow(0, r0, n);
+      AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward_ds", [&] {
+        scalar_t* dsp = ds.data_ptr<scalar_t>();
+        if (term == 1)
+          ds_rows<scalar_t, true>(dsp, ds.stride(0), dp.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+                                  dl.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), n, m);
+        else
+          ds_rows<scalar_t, false>(dsp, ds.stride(0), dp.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+                                   dl.data_ptr<scalar_t>(), nullptr, n, m);
+      });
+      Tensor dqs = dq[bb][hh].narrow(0, r0, n);
+      at::mm_out(dqs, ds, k);
+      dk_t[bb][hh].narrow(1, lo, m).addmm_(qs[bb][hh].narrow(0, r0, n).t(), ds);
+      if (term == 0) {
+        const Tensor& qv = extras[0];
+        const Tensor& rev = extras[1];
+        const int64_t ht = rev.size(0) > 1 ? hh : 0;
+        const Tensor& g_rel = extras[4];
+        rel_grads(g_rel, pick(qv, bb, hh).narrow(0, r0, n), rev[ht], pick(extras[2], bb, hh).narrow(0, r0, n),
+                  extras[3][ht], m, chunk);
+      }
+    }
+    if (term == 1) {
+      extras[2][0][hh].narrow(0, r0, n).addmm_(db, extras[1][0][hh].narrow(0, lo, m));
+      extras[3][0][hh].narrow(1, lo, m).addmm_(extras[0][0][hh].narrow(0, r0, n).t(), db);
+    }
+  }
+}
+
+// The forward pass of one block, every slice of it: o = softmax(s) v and lse = log Σ_j exp(s_ij), with s in
+// base 2 (s2 = log2(e)·s) formed as in the backward.  Dropped pairs are set to DROPPED (finite, as -ffast-math
+// wants); a row whose pairs are all dropped gets o = 0 and lse = 0, as the flash kernel gives.
+//
+//   qf (B, H, Tq, D), kf (B, H, Tk, D), v (B, H, Tk, Dv), kb (B|1, H|1, 1, Tk) or None, drop as in the backward,
+//   scale the logits' scale; out (B, H, Tq, Dv) zero and lse (B, H, Tq): written; term and extras: the first
+//   two tensors of the backward's (qv, rev or qf_t, kf_t), chunk as there.
+void block_forward(const Tensor& qf, const Tensor& kf, const Tensor& v, const c10::optional<Tensor>& kb_,
+                   const c10::optional<Tensor>& drop_, int64_t drop_c0, int64_t r0, int64_t r1, int64_t lo,
+                   int64_t hi, double scale, Tensor out, Tensor lse, int64_t term, int64_t chunk,
+                   std::vector<Tensor> extras) {
+  const int64_t B = v.size(0), H = v.size(1), n = r1 - r0, m = hi - lo;
+  TORCH_CHECK(term == 0 || term == 1, "block_forward: term must be 0 (relative) or 1 (shared), got ", term);
+  TORCH_CHECK(extras.size() == 2, "block_forward: wrong number of term tensors");
+  auto opts = qf.options();
+  Tensor s = at::empty({n, m}, opts), logits, head;
+  if (term == 0) logits = at::empty({n, extras[1].size(1)}, opts);
+  else head = at::empty({n, m}, opts);
+  const bool has_kb = kb_.has_value(), has_drop = drop_.has_value();
+  for (int64_t hh = 0; hh < H; ++hh) {
+    if (term == 1) at::mm_out(head, extras[0][0][hh].narrow(0, r0, n), extras[1][0][hh].narrow(0, lo, m).t());
+    for (int64_t bb = 0; bb < B; ++bb) {
+      Tensor src;
+      if (term == 0) {
+        const Tensor& rev = extras[1];
+        rel_logits(logits, pick(extras[0], bb, hh).narrow(0, r0, n), rev.size(0) > 1 ? rev[hh] : rev[0], m, chunk);
+        src = logits.as_strided({n, m}, {logits.stride(0) - 1, 1}, logits.storage_offset() + n - 1);
+      } else {
+        src = head;
+      }
+      Tensor kb = has_kb ? pick(*kb_, bb, hh)[0].narrow(0, lo, m).contiguous() : Tensor();
+      Tensor o = out[bb][hh].narrow(0, r0, n), l = lse[bb][hh].narrow(0, r0, n);
+      AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_forward", [&] {
+        bias_rows<scalar_t>(s, src, static_cast<scalar_t>(M_LOG2E), has_kb ? &kb : nullptr,
+                            has_drop ? Drop(pick(*drop_, bb, hh), n, drop_c0) : Drop(), static_cast<scalar_t>(DROPPED));
+      });
+      // beta = 1: the product accumulated onto the bias runs faster than into a fresh buffer (MKL, K = 64);
+      // a dropped pair's DROPPED absorbs its product (|q'·k'| is many orders below 1e30)
+      s.addmm_(qf[bb][hh].narrow(0, r0, n), kf[bb][hh].narrow(0, lo, m).t(), 1.0, scale * M_LOG2E);
+      Tensor inv = at::empty({n}, opts);
+      AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_forward_softmax", [&] {
+        softmax_rows<scalar_t>(s, inv.data_ptr<scalar_t>(), l);
+      });
+      o.addmm_(s, v[bb][hh].narrow(0, lo, m));
+      o.mul_(inv.unsqueeze(1));
+    }
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("block_backward", &block_backward, "the sliced path's backward for one block of query rows");
+  m.def("block_forward", &block_forward, "the sliced path's forward for one block of query rows");
+}

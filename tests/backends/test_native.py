@@ -1,0 +1,96 @@
+"""The sliced path's compiled loops (backends/native.py, csrc/sliced.cpp) against the Python loop they replace
+and against ``dense``: values and gradients for Transformer-XL's relative term and product's shared positions,
+in float64 and float32, over several blocks and with the relative products in row chunks; the switch, the
+reasons it gives, and the fallback when the build fails."""
+
+import pytest
+import torch
+from _common import DT, close, padding_mask, run
+
+from kernel_attention.backends import native
+from kernel_attention.functional import explain
+
+# 300 query rows: a block of 256 and one of 44, and the first block's relative products in 128-row chunks
+# (256 rows against 300 keys)
+T = 300
+
+
+@pytest.fixture
+def python_loop(monkeypatch):
+    """Run the sliced path's Python loop (the compiled loops turned off) inside ``with python_loop():``."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def off():
+        with monkeypatch.context() as m:
+            m.setenv(native.ENV, "0")
+            yield
+    return off
+
+
+needs_build = pytest.mark.skipif(native.why_not(torch.float32) is not None,
+                                 reason=f"compiled loop not available: {native.why_not(torch.float32)}")
+
+
+@needs_build
+@pytest.mark.parametrize("position", ["xl", "product"])
+@pytest.mark.parametrize("filt", [None, "causal", "local:window=40", "padding"])
+def test_compiled_loop_matches_python_loop_and_dense(position, filt, python_loop):
+    """float64: the compiled loops equal the Python loop and dense (values; gradients of q, k, v and the
+    positional parameters), with rbf's key bias as a mask, under full, causal, local and padding filters (one
+    sequence with no key: zero output, zero gradient)."""
+    km = padding_mask(T, empty=True) if filt == "padding" else None
+    for kernel, backend in (("exp", "fused"), ("rbf", "fused:key_bias=mask")):
+        compiled = run(backend, kernel, position, filt, tq=T, tk=T, key_mask=km)
+        with python_loop():
+            loop = run(backend, kernel, position, filt, tq=T, tk=T, key_mask=km)
+        close(compiled, loop)
+        close(compiled, run("dense", kernel, position, filt, tq=T, tk=T, key_mask=km))
+        if km is not None:
+            assert torch.equal(compiled[0][0], torch.zeros_like(compiled[0][0]))
+
+
+@needs_build
+@pytest.mark.parametrize("position", ["xl", "product"])
+def test_compiled_loop_float32_and_memory(position, python_loop):
+    """float32: the compiled loops agree with dense to float32's rounding; Transformer-XL with a memory
+    in front of the segment (Tq < Tk, lower-right causal) in float64."""
+    ref = run("dense", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
+    got = run("fused", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
+    assert got[0].dtype == torch.float32
+    close(got, ref, atol=2e-4)
+    if position == "xl":
+        close(run("fused", "exp", "xl", "memory", tq=100, tk=T), run("dense", "exp", "xl", "memory", tq=100, tk=T))
+
+
+def test_switch_and_reasons(monkeypatch):
+    """KERNEL_ATTENTION_NATIVE=0 turns the compiled loops off; dtypes other than float32 and float64 keep the
+    Python loop; explain names the loop that runs and why."""
+    monkeypatch.setenv(native.ENV, "0")
+    assert native.why_not(torch.float32) == f"turned off by {native.ENV}=0" and native.sliced() is None
+    q, k, v = (torch.randn(2, 2, 40, 8, dtype=DT) for _ in range(3))
+    why = explain(q, k, v, "exp", "causal", terms=_xl_terms(q, k), backend="fused").reasons["fused"]
+    assert "in Python (compiled loop: turned off by KERNEL_ATTENTION_NATIVE=0)" in why, why
+    monkeypatch.delenv(native.ENV)
+    assert "bfloat16" in native.why_not(torch.bfloat16)
+    if native.why_not(DT) is None:
+        why = explain(q, k, v, "exp", "causal", terms=_xl_terms(q, k), backend="fused").reasons["fused"]
+        assert "both passes per (head, block, batch element) slice, compiled" in why, why
+
+
+def test_failed_build_falls_back_to_the_python_loop(monkeypatch):
+    """A build that fails (no compiler, say) leaves the Python loop running, with the error as the reason."""
+    def fail():
+        raise RuntimeError("Error building extension\nc++: not found")
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_build", fail)
+    assert native.why_not(torch.float32) == "the build failed (RuntimeError: c++: not found)"
+    assert native.sliced() is None
+    close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
+
+
+def _xl_terms(q, k):
+    from kernel_attention.positions import default_positions, make_position
+
+    pos = make_position("xl", d_model=16, n_heads=2, d_head=8).to(DT)
+    return pos.terms(q, k, *default_positions(q.shape[2], k.shape[2], "cpu", True))
