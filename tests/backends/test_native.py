@@ -67,7 +67,7 @@ def test_switch_and_reasons(monkeypatch):
     """KERNEL_ATTENTION_NATIVE=0 turns the compiled loops off; dtypes other than float32 and float64 keep the
     Python loop; explain names the loop that runs and why."""
     monkeypatch.setenv(native.ENV, "0")
-    assert native.why_not(torch.float32) == f"turned off by {native.ENV}=0" and native.sliced() is None
+    assert native.why_not(torch.float32) == f"turned off by {native.ENV}=0" and native.sliced(torch.float32) is None
     q, k, v = (torch.randn(2, 2, 40, 8, dtype=DT) for _ in range(3))
     why = explain(q, k, v, "exp", "causal", terms=_xl_terms(q, k), backend="fused").reasons["fused"]
     assert "in Python (compiled loop: turned off by KERNEL_ATTENTION_NATIVE=0)" in why, why
@@ -85,7 +85,7 @@ def test_failed_build_falls_back_to_the_python_loop(monkeypatch):
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setattr(native, "_build", fail)
     assert native.why_not(torch.float32) == "the build failed (RuntimeError: c++: not found)"
-    assert native.sliced() is None
+    assert native.sliced(torch.float32) is None
     close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
 
 

@@ -75,8 +75,7 @@ def why_not(dtype: torch.dtype) -> str | None:
     return None
 
 
-def sliced():
-    """The compiled module (``block_forward``, ``block_backward``), or None when it cannot run (:func:`why_not`)."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    return _load()
+def sliced(dtype: torch.dtype):
+    """The compiled module (``block_forward``, ``block_backward``) for tensors of ``dtype``, or None when it
+    cannot run them (:func:`why_not` says why)."""
+    return _state.get("module") if why_not(dtype) is None else None

@@ -14,9 +14,12 @@ and t one of two terms that are cheap to form for a block of rows:
 * ``shared`` -- ``product``'s <t_q W_T, t_k W_T> (Eq. 9), the same for every sequence of the batch: formed once
   per head and block and read by the head's B slices.
 
-**Forward**: the term plus b is the float mask of PyTorch's CPU flash kernel, which returns output and
-log-sum-exp -- per slice for ``relative``, per block of all slices for ``shared`` (one (1, H, rows, cols)
-mask).  **Backward**, per slice, with δ_i = dO_i·O_i:
+Both passes run as compiled loops (:mod:`kernel_attention.backends.native`, ``csrc/sliced.cpp``) where they
+can be built, with the same products and each slice's elementwise steps fused into one or two passes; the
+Python loops below are their fallback and reference.  **Forward** (compiled: the soft-max and its lse per
+slice, ``block_forward``): the term plus b is the float mask of PyTorch's CPU flash kernel, which returns
+output and log-sum-exp -- per slice for ``relative``, per block of all slices for ``shared`` (one (1, H,
+rows, cols) mask).  **Backward**, per slice, with δ_i = dO_i·O_i:
 
     P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - δ)
     dq' = scale · dS k',   dk'^T += scale · q'^T dS,   dv^T += dO^T P,   db_j += Σ_i dS_ij
@@ -292,40 +295,47 @@ def _blocks(spec: SliceSpec, extras, grads=None):
             yield _Block(spec, r0, r1, lo, hi, extras, grads)
 
 
+def _flash_forward(spec: SliceSpec, qf, kf, v, key_bias, extras, out: Tensor, lse: Tensor) -> None:
+    """The forward pass on PyTorch's flash kernel with the term as its mask (the compiled loops' fallback):
+    one call per block for a term shared by the batch, else one per slice.  Writes ``out`` and ``lse``."""
+    b, h, dv = v.shape[0], v.shape[1], v.shape[-1]
+    d = max(qf.shape[-1], dv)  # the flash kernel wants one head size for q, k and v
+    qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
+    if _TERMS[spec.term].forward_per_block:  # one flash call per block: faster than B·H calls
+        for r0, r1, lo, hi in spec.blocks:
+            if hi > lo:
+                rows, cols = slice(r0, r1), slice(lo, hi)
+                o, l = _flash(qp[..., rows, :], kp[..., cols, :], vp[..., cols, :], 0.0, False,
+                              attn_mask=_Shared.mask(spec, key_bias, rows, cols, *extras), scale=spec.scale)
+                out[..., rows, :] = o[..., :dv]
+                lse[..., rows] = l
+        return
+    for blk in _blocks(spec, extras):
+        bias = qf.new_empty(blk.n, blk.m)
+        for hh in range(h):
+            for bb in range(b):
+                blk.bias(spec, key_bias, bb, hh, bias)
+                o, l = _flash(qp[bb, hh, blk.rows][None, None], kp[bb, hh, blk.cols][None, None],
+                              vp[bb, hh, blk.cols][None, None], 0.0, False, attn_mask=bias[None, None],
+                              scale=spec.scale)
+                out[bb, hh, blk.rows] = o[0, 0, :, :dv]
+                lse[bb, hh, blk.rows] = l[0, 0]
+
+
 class _Sliced(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: SliceSpec, qf, kf, v, key_bias, *extras):
-        b, h, tq, dv = v.shape[0], v.shape[1], qf.shape[2], v.shape[-1]
-        d = max(qf.shape[-1], dv)  # the flash kernel wants one head size for q, k and v
-        qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
-        out = v.new_zeros(b, h, tq, dv)
-        lse = v.new_zeros(b, h, tq)
-        compiled = native.sliced() if native.why_not(qf.dtype) is None else None
-        if compiled is not None:  # per slice, compiled (backends/native.py)
+        out = v.new_zeros(*v.shape[:2], qf.shape[2], v.shape[-1])
+        lse = v.new_zeros(*v.shape[:2], qf.shape[2])
+        compiled = native.sliced(qf.dtype)
+        if compiled is None:
+            _flash_forward(spec, qf, kf, v, key_bias, extras, out, lse)
+        else:  # per slice, compiled (backends/native.py)
             kb2 = None if key_bias is None else key_bias * LOG2E
             for blk in _blocks(spec, extras):
                 compiled.block_forward(qf, kf, v, kb2, blk.drop, 0 if blk.drop is None else blk.drop_cols.start,
                                        blk.r0, blk.r1, blk.lo, blk.hi, spec.scale, out, lse,
                                        blk.term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m), blk.term.native_inputs())
-        elif _TERMS[spec.term].forward_per_block:  # one flash call per block: faster than B·H calls
-            for r0, r1, lo, hi in spec.blocks:
-                if hi > lo:
-                    rows, cols = slice(r0, r1), slice(lo, hi)
-                    o, l = _flash(qp[..., rows, :], kp[..., cols, :], vp[..., cols, :], 0.0, False,
-                                  attn_mask=_Shared.mask(spec, key_bias, rows, cols, *extras), scale=spec.scale)
-                    out[..., rows, :] = o[..., :dv]
-                    lse[..., rows] = l
-        else:
-            for blk in _blocks(spec, extras):
-                bias = qf.new_empty(blk.n, blk.m)
-                for hh in range(h):
-                    for bb in range(b):
-                        blk.bias(spec, key_bias, bb, hh, bias)
-                        o, l = _flash(qp[bb, hh, blk.rows][None, None], kp[bb, hh, blk.cols][None, None],
-                                      vp[bb, hh, blk.cols][None, None], 0.0, False, attn_mask=bias[None, None],
-                                      scale=spec.scale)
-                        out[bb, hh, blk.rows] = o[0, 0, :, :dv]
-                        lse[bb, hh, blk.rows] = l[0, 0]
         ctx.spec = spec
         ctx.save_for_backward(qf, kf, v, key_bias, out, lse, *extras)
         return out
@@ -350,7 +360,7 @@ class _Sliced(torch.autograd.Function):
         dv_t = v.new_zeros(b, h, v.shape[-1], tk)
         term_cls = _TERMS[spec.term]
         grads = term_cls.zero_grads(*extras)
-        compiled = native.sliced() if native.why_not(qf.dtype) is None else None
+        compiled = native.sliced(qf.dtype)
         for blk in _blocks(spec, extras, grads):
             rows, cols, term = blk.rows, blk.cols, blk.term
             if compiled is not None:  # the same loop, compiled (backends/native.py)
