@@ -180,3 +180,17 @@ def test_sinusoid_matches_textbook_formula():
     enc = ka.encodings.sinusoid(torch.tensor([0, 3, 17]), 8)
     for i, p in enumerate([0, 3, 17]):
         torch.testing.assert_close(enc[i].double(), sinusoid_value(p, 8), rtol=1e-6, atol=1e-6)
+
+
+def test_sinusoid_range_is_the_sinusoid_of_the_distances_and_kept():
+    """Transformer-XL's table of distances: sinusoid_range(lo, hi) is sinusoid(lo..hi) (clamped when asked),
+    and a second call with the same arguments returns the same tensor instead of forming it again."""
+    from kernel_attention.encodings import sinusoid, sinusoid_range
+
+    d = torch.arange(-7, 5)
+    got = sinusoid_range(-7, 4, 16, torch.float32, torch.device("cpu"))
+    torch.testing.assert_close(got, sinusoid(d, 16, torch.float32), rtol=0, atol=0)
+    assert sinusoid_range(-7, 4, 16, torch.float32, torch.device("cpu")) is got
+    clamped = sinusoid_range(-7, 4, 16, torch.float64, torch.device("cpu"), 3)
+    torch.testing.assert_close(clamped, sinusoid(d.clamp(-3, 3), 16, torch.float64), rtol=0, atol=0)
+    assert clamped.dtype == torch.float64 and not torch.equal(clamped.float(), got)

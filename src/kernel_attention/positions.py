@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.difference_index import DifferenceIndex
-from kernel_attention.encodings import as_positions, make_encoding, sinusoid
+from kernel_attention.encodings import as_positions, make_encoding, sinusoid_range
 from kernel_attention.registry import Param, Registry
 from kernel_attention.smoother import PositionalTerms
 
@@ -200,10 +200,7 @@ class XLPosition(PositionScheme):
         rel = []
         for a, r_net in enumerate(self.r_net):
             lo, hi = _distance_range(pos_q[..., a], pos_k[..., a])
-            distances = torch.arange(lo, hi + 1, device=q.device)
-            if self.clamp_len is not None:
-                distances = distances.clamp(-self.clamp_len, self.clamp_len)
-            r = r_net(sinusoid(distances, self.d_model, q.dtype))  # (R, H·d)
+            r = r_net(sinusoid_range(lo, hi, self.d_model, q.dtype, q.device, self.clamp_len))  # (R, H·d)
             r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
             # (Tq, R) logits are formed by whoever consumes the terms, a block of rows at a time.
             rel.append((qv, r, _pair_index(pos_q[..., a], pos_k[..., a], shift=lo)))
