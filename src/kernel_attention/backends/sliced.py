@@ -137,12 +137,14 @@ class _Relative:
     def final(grads: list) -> list:
         return grads
 
-    def __init__(self, spec: SliceSpec, blk: "_Block", qv: Tensor, table: Tensor, grads: list | None):
+    def __init__(self, spec: SliceSpec, blk: "_Block", qv: Tensor, table: Tensor, grads: list | None,
+                 python: bool = True):
         self.qv, self.table, self.grads = qv, table, grads  # grads: zero_grads(...) or None (forward)
         n, m = blk.n, blk.m
         self.a, self.z = spec.base + blk.r0 - (blk.hi - 1), spec.base + blk.r1 - blk.lo  # distances met
         w = _padded(n + m - 1)
-        self.logits = table.new_empty(n, w)
+        if python:  # the compiled loops form the logits in a buffer of their own
+            self.logits = table.new_empty(n, w)
         self.rev = table.new_zeros(table.shape[0], w, table.shape[-1])
         self.rev[:, :self.z - self.a] = table[:, self.a:self.z].flip(1)
         if grads is not None:
@@ -211,8 +213,11 @@ class _Shared:
             bias[..., drop_cols].masked_fill_(drop, float("-inf"))
         return bias
 
-    def __init__(self, spec: SliceSpec, blk: "_Block", qf_t: Tensor, kf_t: Tensor, grads: list | None):
+    def __init__(self, spec: SliceSpec, blk: "_Block", qf_t: Tensor, kf_t: Tensor, grads: list | None,
+                 python: bool = True):
         self.qf_t, self.kf_t, self.grads = qf_t, kf_t, grads  # grads: zero_grads(...) or None (forward)
+        if not python:  # the compiled loops keep these buffers themselves
+            return
         self.head = qf_t.new_empty(blk.n, blk.m)
         self.cur = -1
         if grads is not None:
@@ -247,13 +252,14 @@ class _Shared:
 
 
 class _Block:
-    """One block of query rows [r0, r1) and its key span [lo, hi), with the term's buffers for it."""
+    """One block of query rows [r0, r1) and its key span [lo, hi), with the term's buffers for it (only those
+    the compiled loops read when ``python`` is False)."""
 
-    def __init__(self, spec: SliceSpec, r0, r1, lo, hi, extras, grads):
+    def __init__(self, spec: SliceSpec, r0, r1, lo, hi, extras, grads, python: bool = True):
         self.r0, self.r1, self.lo, self.hi = r0, r1, lo, hi
         self.n, self.m = r1 - r0, hi - lo
         self.rows, self.cols = slice(r0, r1), slice(lo, hi)
-        self.term = _TERMS[spec.term](spec, self, *extras, grads)
+        self.term = _TERMS[spec.term](spec, self, *extras, grads, python)
         self.drop_cols, self.drop = _dropped(spec.keep, self.rows, self.cols)
 
     def bias(self, spec: SliceSpec, key_bias, bb: int, hh: int, out: Tensor, factor: float = 1.0) -> Tensor:
@@ -288,11 +294,12 @@ def _dropped(keep: Tensor | None, rows: slice, cols: slice) -> tuple[slice | Non
     return c, dropped[..., c]
 
 
-def _blocks(spec: SliceSpec, extras, grads=None):
-    """The blocks that see a key, with their buffers (those of the gradient when ``grads`` is given)."""
+def _blocks(spec: SliceSpec, extras, grads=None, python: bool = True):
+    """The blocks that see a key, with their buffers (those of the gradient when ``grads`` is given; those of
+    the compiled loops only, when ``python`` is False)."""
     for r0, r1, lo, hi in spec.blocks:
         if hi > lo:
-            yield _Block(spec, r0, r1, lo, hi, extras, grads)
+            yield _Block(spec, r0, r1, lo, hi, extras, grads, python)
 
 
 def _flash_forward(spec: SliceSpec, qf, kf, v, key_bias, extras, out: Tensor, lse: Tensor) -> None:
@@ -332,7 +339,7 @@ class _Sliced(torch.autograd.Function):
             _flash_forward(spec, qf, kf, v, key_bias, extras, out, lse)
         else:  # per slice, compiled (backends/native.py)
             kb2 = None if key_bias is None else key_bias * LOG2E
-            for blk in _blocks(spec, extras):
+            for blk in _blocks(spec, extras, python=False):
                 compiled.block_forward(qf, kf, v, kb2, blk.drop, 0 if blk.drop is None else blk.drop_cols.start,
                                        blk.r0, blk.r1, blk.lo, blk.hi, spec.scale, out, lse,
                                        blk.term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m), blk.term.native_inputs())
@@ -361,7 +368,7 @@ class _Sliced(torch.autograd.Function):
         term_cls = _TERMS[spec.term]
         grads = term_cls.zero_grads(*extras)
         compiled = native.sliced(qf.dtype)
-        for blk in _blocks(spec, extras, grads):
+        for blk in _blocks(spec, extras, grads, python=compiled is None):
             rows, cols, term = blk.rows, blk.cols, blk.term
             if compiled is not None:  # the same loop, compiled (backends/native.py)
                 compiled.block_backward(q2, qs, kf, v, gout, lse2, delta, kb2, blk.drop,
