@@ -47,8 +47,18 @@ def _cpu_tag() -> str:
 def _build():
     from torch.utils.cpp_extension import load
 
-    return load(name=f"kernel_attention_sliced_{_cpu_tag()}", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
-                extra_ldflags=["-fopenmp"], verbose=False)
+    path = os.environ.get("PATH", "")
+    try:  # the ninja package's binary, also when the environment's bin directory is not on PATH
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+    except ImportError:
+        pass
+    try:
+        return load(name=f"kernel_attention_sliced_{_cpu_tag()}", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
+                    extra_ldflags=["-fopenmp"], verbose=False)
+    finally:
+        os.environ["PATH"] = path
 
 
 def _load():
