@@ -62,20 +62,19 @@ def _build():
 
 
 def _load():
+    """The module, built (or loaded from the cache) at the first call of the process; None if that failed."""
     with _lock:
         if not _state:
-            if os.environ.get(ENV, "1") == "0":
-                _state["error"] = f"turned off by {ENV}=0"
-            else:
-                try:
-                    _state["module"] = _build()
-                except Exception as e:  # no compiler, no headers, a failed build: the Python loop runs
-                    _state["error"] = f"the build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
+            try:
+                _state["module"] = _build()
+            except Exception as e:  # no compiler, no headers, a failed build: the Python loop runs
+                last = (str(e).strip().splitlines() or [""])[-1][:200]
+                _state["error"] = f"the build failed ({type(e).__name__}: {last})"
     return _state.get("module")
 
 
 def why_not(dtype: torch.dtype) -> str | None:
-    """None when the compiled loop runs the sliced backward for tensors of ``dtype``, else the reason."""
+    """None when the compiled loops run the sliced path for tensors of ``dtype``, else the reason."""
     if os.environ.get(ENV, "1") == "0":
         return f"turned off by {ENV}=0"
     if dtype not in (torch.float32, torch.float64):

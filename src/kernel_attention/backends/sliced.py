@@ -16,10 +16,11 @@ and t one of two terms that are cheap to form for a block of rows:
 
 Both passes run as compiled loops (:mod:`kernel_attention.backends.native`, ``csrc/sliced.cpp``) where they
 can be built, with the same products and each slice's elementwise steps fused into one or two passes; the
-Python loops below are their fallback and reference.  **Forward** (compiled: the soft-max and its lse per
-slice, ``block_forward``): the term plus b is the float mask of PyTorch's CPU flash kernel, which returns
-output and log-sum-exp -- per slice for ``relative``, per block of all slices for ``shared`` (one (1, H,
-rows, cols) mask).  **Backward**, per slice, with δ_i = dO_i·O_i:
+Python loops below are their fallback and reference.  **Forward**: compiled, per slice, the term plus b
+plus the content product, then the soft-max and its log-sum-exp (``block_forward``); in Python, the term
+plus b is the float mask of PyTorch's CPU flash kernel, which returns output and log-sum-exp -- per slice for
+``relative``, per block of all slices for ``shared`` (one (1, H, rows, cols) mask).  **Backward**, per slice,
+with δ_i = dO_i·O_i:
 
     P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - δ)
     dq' = scale · dS k',   dk'^T += scale · q'^T dS,   dv^T += dO^T P,   db_j += Σ_i dS_ij
