@@ -69,12 +69,12 @@ def test_switch_and_reasons(monkeypatch):
     monkeypatch.setenv(native.ENV, "0")
     assert native.why_not(torch.float32) == f"turned off by {native.ENV}=0" and native.sliced(torch.float32) is None
     q, k, v = (torch.randn(2, 2, 40, 8, dtype=DT) for _ in range(3))
-    why = explain(q, k, v, "exp", "causal", terms=_xl_terms(q, k), backend="fused").reasons["fused"]
+    why = explain(q, k, v, "exp", "causal", terms=_terms("xl", q, k), backend="fused").reasons["fused"]
     assert "in Python (compiled loop: turned off by KERNEL_ATTENTION_NATIVE=0)" in why, why
     monkeypatch.delenv(native.ENV)
     assert "bfloat16" in native.why_not(torch.bfloat16)
     if native.why_not(DT) is None:
-        why = explain(q, k, v, "exp", "causal", terms=_xl_terms(q, k), backend="fused").reasons["fused"]
+        why = explain(q, k, v, "exp", "causal", terms=_terms("xl", q, k), backend="fused").reasons["fused"]
         assert "both passes per (head, block, batch element) slice, compiled" in why, why
 
 
@@ -89,8 +89,25 @@ def test_failed_build_falls_back_to_the_python_loop(monkeypatch):
     close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
 
 
-def _xl_terms(q, k):
+def test_sliced_path_minimum_keys(monkeypatch):
+    """Below SLICED_MIN_KEYS keys Transformer-XL's term and product's shared positions run on the blocked path
+    (the per-slice calls would cost more than they save), and explain says so; from it on, the sliced path."""
+    from kernel_attention.backends import fused
+
+    monkeypatch.setattr(fused, "SLICED_MIN_KEYS", 256)
+    for position in ("xl", "product"):
+        for t, sliced in ((40, False), (256, True)):
+            q, k, v = (torch.randn(2, 2, t, 8, dtype=DT) for _ in range(3))
+            terms = _terms(position, q, k)
+            why = explain(q, k, v, "exp", "causal", terms=terms, backend="fused").reasons["fused"]
+            assert ("element) slice" in why and "blocked SDPA" not in why) == sliced, why
+            if not sliced:
+                assert "Tk=40 is below the 256 keys from which the sliced path" in why, why
+    close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
+
+
+def _terms(position, q, k):
     from kernel_attention.positions import default_positions, make_position
 
-    pos = make_position("xl", d_model=16, n_heads=2, d_head=8).to(DT)
+    pos = make_position(position, d_model=16, n_heads=2, d_head=8).to(DT)
     return pos.terms(q, k, *default_positions(q.shape[2], k.shape[2], "cpu", True))

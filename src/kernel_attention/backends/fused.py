@@ -16,8 +16,8 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
   share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
   and after its window; causal: one causal call on the shifted sequences), and only the keys within
   the clip are formed explicitly (:mod:`kernel_attention.backends.banded`).
-* **sliced** -- on the CPU, a kernel with SDPA features and one additive term that is cheap to form per
-  block of rows, any filter, no dropout (:mod:`kernel_attention.backends.sliced`): Transformer-XL's relative
+* **sliced** -- on the CPU from ``SLICED_MIN_KEYS`` keys on, a kernel with SDPA features and one additive term
+  that is cheap to form per block of rows, any filter, no dropout (:mod:`kernel_attention.backends.sliced`): Transformer-XL's relative
   term (``xl`` with default positions or any index base + i - j), and ``product`` positions shared by a
   batch of B > 1.  Both passes run per (block of rows, head, batch element) slice, whose buffers stay in
   cache, as compiled loops (:mod:`kernel_attention.backends.native`, built on first use); without them the
@@ -73,6 +73,12 @@ LARGE_BLOCK_ELEMENTS = 1 << 25
 #: measured slower at (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of
 #: dense's peak in bf16.
 DENSE_PREFERRED_ELEMENTS = 1 << 27
+
+#: Keys from which the sliced path runs (below, the blocked path): its per-slice calls cost more than its
+#: cache-resident slices save on short sequences.  Measured on the CPU, one thread, fwd+bwd (a one-off sweep,
+#: docs/benchmarks.md): ``xl`` at B=4, H=8, D=64 sliced / blocked 1.45x at T=32, 0.95x at 128, 0.75x at 256;
+#: at the main job's B=64, H=4, D=8, T=8: 18.0 ms against 3.1 ms.
+SLICED_MIN_KEYS = 256
 
 
 @dataclasses.dataclass
@@ -224,7 +230,8 @@ class FusedBackend(Backend):
         clip = banded_clip(p, self.key_bias) if self.banded else None
         if clip is not None:
             return Route("banded", clip=clip)
-        base = relative_base(p) if self.sliced and layout is not None else None
+        long = p.shape[3] >= SLICED_MIN_KEYS
+        base = relative_base(p) if self.sliced and long and layout is not None else None
         if base is not None:
             return Route("sliced", base=base)
         if one_call:
@@ -237,7 +244,7 @@ class FusedBackend(Backend):
             if why is None:
                 return Route("squared", squared=None, key_log=key_log)
             return Route("blocked", squared=why)
-        if shared and self.sliced and not additive:
+        if shared and self.sliced and long and not additive:
             return Route("sliced", shared=True)
         return Route("blocked", shared)
 
@@ -281,6 +288,9 @@ class FusedBackend(Backend):
             why.append("the key bias has a one-call form only on the CPU without dropout")
         if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
             why.append("relative positions add a gathered (rows, Tk) term per block")
+        if self.sliced and tk < SLICED_MIN_KEYS and (route.shared or relative_base(p) is not None):
+            why.append(f"Tk={tk} is below the {SLICED_MIN_KEYS} keys from which the sliced path (per (head, "
+                       f"block, batch element) slice) is faster")
         if p.terms is not None and p.terms.bias is not None:
             why.append("a dense float bias is added per block")
         if route.shared:

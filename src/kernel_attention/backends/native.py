@@ -8,8 +8,9 @@ forward; P by exp2 and dS in the backward) and no interpreter in between.
 
 It is compiled by :func:`torch.utils.cpp_extension.load` the first time the sliced path runs (about 20 s
 on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), with
-``-march=native``: the cache entry's name carries a hash of the CPU's model and flags, so that a home
-directory shared by different machines never loads code built for another instruction set.  Without a
+``-march=native``: the cache entry's name carries a hash of the CPU's model and flags (and of the torch it
+builds against), so that a home directory shared by different machines never loads code built for another
+instruction set.  Without a
 compiler, or when the build fails, the Python loop runs (same results) and :func:`why_not` says why.
 ``KERNEL_ATTENTION_NATIVE=0`` turns it off.
 """
@@ -34,13 +35,16 @@ _lock = threading.Lock()
 _state: dict = {}  # "module" or "error", set once per process
 
 
-def _cpu_tag() -> str:
-    """A short hash of the CPU's model name and flags (``-march=native`` code is only valid on such a CPU)."""
+def _build_tag() -> str:
+    """A short hash of the CPU's model name and flags (``-march=native`` code is only valid on such a CPU) and of
+    the torch it is built against (its version and directory): each environment keeps its own build, instead of
+    two virtual environments rebuilding the same cache entry in turn."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         info = ""
     lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    lines += [torch.__version__, str(Path(torch.__file__).parent)]
     return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:10]
 
 
@@ -55,7 +59,7 @@ def _build():
     except ImportError:
         pass
     try:
-        return load(name=f"kernel_attention_sliced_{_cpu_tag()}", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
+        return load(name=f"kernel_attention_sliced_{_build_tag()}", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
                     extra_ldflags=["-fopenmp"], verbose=False)
     finally:
         os.environ["PATH"] = path
