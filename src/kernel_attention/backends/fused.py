@@ -16,15 +16,16 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
   share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
   and after its window; causal: one causal call on the shifted sequences), and only the keys within
   the clip are formed explicitly (:mod:`kernel_attention.backends.banded`).
-* **sliced** -- on the CPU from ``SLICED_MIN_KEYS`` keys on, a kernel with SDPA features and one additive term
-  that is cheap to form per block of rows, any filter, no dropout (:mod:`kernel_attention.backends.sliced`): Transformer-XL's relative
-  term (``xl`` with default positions or any index base + i - j), and ``product`` positions shared by a
-  batch of B > 1.  Both passes run per (block of rows, head, batch element) slice, whose buffers stay in
-  cache, as compiled loops (:mod:`kernel_attention.backends.native`, built on first use); without them the
-  term is the flash kernel's mask in the forward pass and the backward's slices run in Python.  Concatenated, ``product``'s
-  features would double the head size of every product of the flash kernel, whose CPU version also pads
-  v to that size (about 2x SDPA); as a (rows, Tk) term formed once per head and block for the whole batch
-  it costs about 1.4-1.5x (measured, docs/benchmarks.md).  At B = 1 nothing is shared and the one-call
+* **sliced** -- on the CPU from ``SLICED_MIN_KEYS`` keys on, a kernel with SDPA features and one additive
+  term that is cheap to form per block of rows, any filter, no dropout (:mod:`kernel_attention.backends.sliced`):
+  Transformer-XL's relative term (``xl`` with default positions or any index base + i - j), and ``product``
+  positions shared by a batch of B > 1.  Both passes run per (block of rows, head, batch element) slice,
+  whose buffers stay in cache, as compiled loops (:mod:`kernel_attention.backends.native`, built on first
+  use); without them the term is the flash kernel's mask in the forward pass and the backward's slices run
+  in Python.  Concatenated, ``product``'s features would double the head size of every product of the
+  flash kernel, whose CPU version also pads v to that size (about 2x SDPA); as a (rows, Tk) term formed
+  once per head and block for the whole batch it costs 1.1-1.3x with the compiled loops (measured,
+  docs/benchmarks.md).  At B = 1 nothing is shared and the one-call
   form is kept; ``fused:shared_positions=false`` asks for it always.
 * **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
   ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and

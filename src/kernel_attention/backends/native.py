@@ -10,9 +10,8 @@ It is compiled by :func:`torch.utils.cpp_extension.load` the first time the slic
 on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), with
 ``-march=native``: the cache entry's name carries a hash of the CPU's model and flags (and of the torch it
 builds against), so that a home directory shared by different machines never loads code built for another
-instruction set.  Without a
-compiler, or when the build fails, the Python loop runs (same results) and :func:`why_not` says why.
-``KERNEL_ATTENTION_NATIVE=0`` turns it off.
+instruction set.  Without a compiler, or when the build fails, the Python loop runs (same results) and
+:func:`why_not` says why.  ``KERNEL_ATTENTION_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
