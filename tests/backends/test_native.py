@@ -122,3 +122,19 @@ def _terms(position, q, k):
 
     pos = make_position(position, d_model=16, n_heads=2, d_head=8).to(DT)
     return pos.terms(q, k, *default_positions(q.shape[2], k.shape[2], "cpu", True))
+
+
+@needs_build
+@pytest.mark.parametrize("position", ["xl", "product"])
+def test_compiled_loops_on_one_thread_and_on_several(position):
+    """With more than one thread the compiled loops run a block's heads on different threads, each with its own
+    buffers; on one thread, in one call: the same values and gradients."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run("fused", "exp", position, "causal", tq=T, tk=T)
+        torch.set_num_threads(max(2, threads))
+        several = run("fused", "exp", position, "causal", tq=T, tk=T)
+    finally:
+        torch.set_num_threads(threads)
+    close(one, several)

@@ -213,6 +213,17 @@ void rel_grads(const Tensor& g, const Tensor& qv, const Tensor& rev, Tensor dqv,
   }
 }
 
+// Runs f(h0, h1) over the heads [0, H): on torch's threads, a range of heads each, when `independent` (no
+// tensor is written by two heads) and more than one thread is set, else in one call.  A slice's products and
+// passes are too small to share well between threads; the (batch, head) slices of a block are not.
+template <typename F>
+void run_heads(int64_t H, bool independent, const F& f) {
+  if (independent && H > 1 && at::get_num_threads() > 1 && !at::in_parallel_region())
+    at::parallel_for(0, H, 1, f);
+  else
+    f(0, H);
+}
+
 }  // namespace
 
 // One block of query rows [r0, r1) against keys [lo, hi), every (head, batch element) slice of it.
@@ -236,10 +247,15 @@ void block_backward(const Tensor& q2, const Tensor& qs, const Tensor& kf, const 
   TORCH_CHECK(term == 0 || term == 1, "block_backward: term must be 0 (relative) or 1 (shared), got ", term);
   TORCH_CHECK(extras.size() == 5 - term, "block_backward: wrong number of term tensors");
   auto opts = q2.options();
+  const bool has_kb = kb2_.has_value(), has_drop = drop_.has_value();
+  const Tensor kb2 = has_kb ? *kb2_ : Tensor(), drop = has_drop ? *drop_ : Tensor();
+  // heads [h0, h1) with their own slice buffers (the first range uses the caller's G)
+  auto heads = [&](int64_t h0, int64_t h1) {
+  at::NoGradGuard no_grad;  // grad mode is per thread: torch's worker threads do not inherit the caller's
   Tensor s = at::empty({n, m}, opts), dp = at::empty({n, m}, opts);
-  Tensor logits, ds, db, head;
+  Tensor logits, ds, db, head, g_rel;
   if (term == 0) {
-    const Tensor& g_rel = extras[4];
+    g_rel = h0 == 0 ? extras[4] : at::zeros_like(extras[4]);  // zero outside the band dS fills
     logits = at::empty_like(g_rel);
     // pair (i, j) sits at column n - 1 - i + j of the relative logits and of their gradient
     ds = g_rel.as_strided({n, m}, {g_rel.stride(0) - 1, 1}, g_rel.storage_offset() + n - 1);
@@ -248,9 +264,7 @@ void block_backward(const Tensor& q2, const Tensor& qs, const Tensor& kf, const 
     db = at::empty({n, m}, opts);
     head = at::empty({n, m}, opts);
   }
-  const bool has_kb = kb2_.has_value(), has_drop = drop_.has_value();
-  const Tensor kb2 = has_kb ? *kb2_ : Tensor(), drop = has_drop ? *drop_ : Tensor();
-  for (int64_t hh = 0; hh < H; ++hh) {
+  for (int64_t hh = h0; hh < h1; ++hh) {
     if (term == 1) {
       at::mm_out(head, extras[0][0][hh].narrow(0, r0, n), extras[1][0][hh].narrow(0, lo, m).t());
       db.zero_();
@@ -293,7 +307,6 @@ void block_backward(const Tensor& q2, const Tensor& qs, const Tensor& kf, const 
         const Tensor& qv = extras[0];
         const Tensor& rev = extras[1];
         const int64_t ht = rev.size(0) > 1 ? hh : 0;
-        const Tensor& g_rel = extras[4];
         rel_grads(g_rel, pick(qv, bb, hh).narrow(0, r0, n), rev[ht], pick(extras[2], bb, hh).narrow(0, r0, n),
                   extras[3][ht], m, chunk);
       }
@@ -303,6 +316,8 @@ void block_backward(const Tensor& q2, const Tensor& qs, const Tensor& kf, const 
       extras[3][0][hh].narrow(1, lo, m).addmm_(extras[0][0][hh].narrow(0, r0, n).t(), db);
     }
   }
+  };
+  run_heads(H, term == 1 || extras[1].size(0) > 1, heads);
 }
 
 // The forward pass of one block, every slice of it: o = softmax(s) v and lse = log Σ_j exp(s_ij), with s in
@@ -320,11 +335,13 @@ void block_forward(const Tensor& qf, const Tensor& kf, const Tensor& v, const c1
   TORCH_CHECK(term == 0 || term == 1, "block_forward: term must be 0 (relative) or 1 (shared), got ", term);
   TORCH_CHECK(extras.size() == 2, "block_forward: wrong number of term tensors");
   auto opts = qf.options();
+  const bool has_kb = kb_.has_value(), has_drop = drop_.has_value();
+  auto heads = [&](int64_t h0, int64_t h1) {
+  at::NoGradGuard no_grad;  // grad mode is per thread: torch's worker threads do not inherit the caller's
   Tensor s = at::empty({n, m}, opts), logits, head;
   if (term == 0) logits = at::empty({n, extras[1].size(1)}, opts);
   else head = at::empty({n, m}, opts);
-  const bool has_kb = kb_.has_value(), has_drop = drop_.has_value();
-  for (int64_t hh = 0; hh < H; ++hh) {
+  for (int64_t hh = h0; hh < h1; ++hh) {
     if (term == 1) at::mm_out(head, extras[0][0][hh].narrow(0, r0, n), extras[1][0][hh].narrow(0, lo, m).t());
     for (int64_t bb = 0; bb < B; ++bb) {
       Tensor src;
@@ -352,6 +369,8 @@ void block_forward(const Tensor& qf, const Tensor& kf, const Tensor& v, const c1
       o.mul_(inv.unsqueeze(1));
     }
   }
+  };
+  run_heads(H, true, heads);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
