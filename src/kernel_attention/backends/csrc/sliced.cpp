@@ -70,20 +70,19 @@ struct Drop {
 };
 
 // s[i, j] <- 2^(s[i, j] + f·t[i, j] + kb[j] - l[i]), 0 where the filter drops the pair;  t has unit column
-// stride and row stride ts, kb is contiguous; either may be absent.
-template <typename T, bool HasTerm, bool HasBias>
+// stride and row stride ts, kb is contiguous or absent.
+template <typename T, bool HasBias>
 void exp2_rows(T* s, int64_t ss, const T* t, int64_t ts, T f, const T* kb, const T* l, const Drop& drop, int64_t n,
                int64_t m) {
   at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     const T* __restrict__ kbr = kb;
     for (int64_t i = i0; i < i1; ++i) {
       T* __restrict__ si = s + i * ss;
-      const T* __restrict__ ti = t + (HasTerm ? i * ts : 0);
+      const T* __restrict__ ti = t + i * ts;
       const T li = l[i];
 #pragma omp simd
       for (int64_t j = 0; j < m; ++j) {
-        T x = si[j] - li;
-        if constexpr (HasTerm) x += f * ti[j];
+        T x = si[j] - li + f * ti[j];
         if constexpr (HasBias) x += kbr[j];
         si[j] = exp2_flush(x);
       }
@@ -114,17 +113,13 @@ void ds_rows(T* ds, int64_t dss, const T* dp, const T* p, const T* delta, T* db,
 }
 
 template <typename T>
-void form_p(Tensor& s, const Tensor* term, T f, const Tensor* kb, const Tensor& l, const Drop& drop) {
+void form_p(Tensor& s, const Tensor& term, T f, const Tensor* kb, const Tensor& l, const Drop& drop) {
   const int64_t n = s.size(0), m = s.size(1);
   T* sp = s.data_ptr<T>();
-  const T* tp = term ? term->data_ptr<T>() : nullptr;
-  const int64_t ts = term ? term->stride(0) : 0;
-  const T* kp = kb ? kb->data_ptr<T>() : nullptr;
+  const T* tp = term.data_ptr<T>();
   const T* lp = l.data_ptr<T>();
-  if (term && kb) exp2_rows<T, true, true>(sp, m, tp, ts, f, kp, lp, drop, n, m);
-  else if (term) exp2_rows<T, true, false>(sp, m, tp, ts, f, kp, lp, drop, n, m);
-  else if (kb) exp2_rows<T, false, true>(sp, m, tp, ts, f, kp, lp, drop, n, m);
-  else exp2_rows<T, false, false>(sp, m, tp, ts, f, kp, lp, drop, n, m);
+  if (kb) exp2_rows<T, true>(sp, m, tp, term.stride(0), f, kb->data_ptr<T>(), lp, drop, n, m);
+  else exp2_rows<T, false>(sp, m, tp, term.stride(0), f, nullptr, lp, drop, n, m);
 }
 
 // s[i, j] <- f·t[i, j] + kb[j] (kb absent: f·t[i, j]), `dropped` where the filter drops the pair; t with unit
@@ -285,7 +280,7 @@ void block_backward(const Tensor& q2, const Tensor& qs, const Tensor& kf, const 
       Tensor kb = has_kb ? pick(kb2, bb, hh)[0].narrow(0, lo, m).contiguous() : Tensor();
       Tensor l = lse2[bb][hh].narrow(0, r0, n);
       AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward", [&] {
-        form_p<scalar_t>(s, &src, static_cast<scalar_t>(M_LOG2E), has_kb ? &kb : nullptr, l,
+        form_p<scalar_t>(s, src, static_cast<scalar_t>(M_LOG2E), has_kb ? &kb : nullptr, l,
                          has_drop ? Drop(pick(drop, bb, hh), n, drop_c0) : Drop());
       });
       dv_t[bb][hh].narrow(1, lo, m).addmm_(g.t(), s);
