@@ -194,3 +194,14 @@ def test_sinusoid_range_is_the_sinusoid_of_the_distances_and_kept():
     clamped = sinusoid_range(-7, 4, 16, torch.float64, torch.device("cpu"), 3)
     torch.testing.assert_close(clamped, sinusoid(d.clamp(-3, 3), 16, torch.float64), rtol=0, atol=0)
     assert clamped.dtype == torch.float64 and not torch.equal(clamped.float(), got)
+
+
+def test_default_positions_align_queries_to_the_last_keys():
+    """Self-attention: the queries are the last Tq keys (a memory in front); more queries than keys is an error
+    that says so; cross-attention numbers both from 0."""
+    from kernel_attention.positions import default_positions
+    pq, pk = default_positions(3, 5, "cpu", True)
+    assert pq[..., 0].tolist() == [[2, 3, 4]] and pk[..., 0].tolist() == [[0, 1, 2, 3, 4]]
+    assert default_positions(6, 5, "cpu", False)[0][..., 0].tolist() == [[0, 1, 2, 3, 4, 5]]
+    with pytest.raises(ValueError, match="Tq=6 queries and Tk=5 keys"):
+        default_positions(6, 5, "cpu", True)

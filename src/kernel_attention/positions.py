@@ -195,8 +195,10 @@ class XLPosition(PositionScheme):
     def terms(self, q, k, pos_q, pos_k):
         d = q.shape[-1]
         scale = 1.0 / math.sqrt(d)
-        key_bias = torch.einsum("hd,bhkd->bhk", self.u.to(q.dtype), k).unsqueeze(-2) * scale
-        qv = (q + self.v.to(q.dtype)[None, :, None, :]) * scale
+        # u·k as a product and a sum, not an einsum: the einsum's backward is an outer product through bmm and a
+        # permuting copy (10 ms against 3 ms for fwd+bwd at B=4, H=8, T=1024, d=64, one CPU thread)
+        key_bias = (k * (self.u.to(q.dtype) * scale)[None, :, None, :]).sum(-1).unsqueeze(-2)
+        qv = torch.add((self.v.to(q.dtype) * scale)[None, :, None, :], q, alpha=scale)  # (q + v)·scale, one pass
         rel = []
         for a, r_net in enumerate(self.r_net):
             lo, hi = _distance_range(pos_q[..., a], pos_k[..., a])
@@ -275,6 +277,9 @@ def make_position(spec, *, d_model: int, n_heads: int, d_head: int, axes: int = 
 def default_positions(tq: int, tk: int, device, self_attention: bool) -> tuple[Tensor, Tensor]:
     """Positions when none are given: keys 0..Tk-1; queries aligned to the last Tq keys in
     self-attention (a memory sits in front of the segment), 0..Tq-1 in cross-attention."""
+    if self_attention and tq > tk:
+        raise ValueError(f"self-attention with Tq={tq} queries and Tk={tk} keys: the queries are the last Tq of the "
+                         "keys, so Tq <= Tk (pass pos_q and pos_k for another alignment)")
     pk = torch.arange(tk, device=device)
     # In self-attention pq is a view of pk's tail, which lets ``product`` project the positions once
     pq = pk[tk - tq:] if self_attention else torch.arange(tq, device=device)

@@ -74,6 +74,22 @@ def test_compiled_loop_float32_and_memory(position, python_loop):
         close(run("fused", "exp", "xl", "memory", tq=100, tk=T), run("dense", "exp", "xl", "memory", tq=100, tk=T))
 
 
+@needs_build
+@pytest.mark.parametrize("position", ["xl", "product"])
+def test_block_without_keys(position, python_loop):
+    """A filter under which every query of the first block (256 rows) keeps no key: the compiled loops skip
+    that block, and its rows of the output and of dq' are zeros (they are not written by any block), as in
+    the Python loop and dense; the other rows are causal."""
+    keep = torch.ones(T, T, dtype=torch.bool).tril()
+    keep[:260] = False
+    compiled = run("fused", "exp", position, keep, tq=T, tk=T)
+    with python_loop():
+        close(compiled, run("fused", "exp", position, keep, tq=T, tk=T))
+    close(compiled, run("dense", "exp", position, keep, tq=T, tk=T))
+    assert torch.equal(compiled[0][:, :, :260], torch.zeros_like(compiled[0][:, :, :260]))
+    assert torch.equal(compiled[1][0][:, :, :260], torch.zeros_like(compiled[1][0][:, :, :260]))
+
+
 def test_switch_and_reasons(monkeypatch):
     """KERNEL_ATTENTION_NATIVE=0 turns the compiled loops off; dtypes other than float32 and float64 keep the
     Python loop; explain names the loop that runs and why."""

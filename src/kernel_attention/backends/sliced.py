@@ -30,8 +30,11 @@ with δ_i = dO_i·O_i:
 The blocked path (:mod:`kernel_attention.backends.chunked`) runs a block over all B·H slices at once: (B, H,
 rows, Tk) buffers of 32-128 MB that every elementwise step reads and writes in main memory, fresh per block,
 and the term's gradient through autograd.  Here a slice's (rows, Tk) buffers (4 MB at Tk = 4096) are allocated once
-per block and reused by its B·H slices, so they stay in cache; dk' and dv are accumulated transposed,
-(D, cols) += (D, rows)·(rows, cols), the faster form of that product on the CPU; the relative logits' rows are
+per block and reused by its B·H slices, so they stay in cache.  dk' and dv are accumulated as
+(cols, D) += (rows, cols)^T (rows, D) from P and dS in buffers whose row stride is not a power of two (the
+compiled loops; the same product from a buffer of 1024-element rows ran 1.4x slower) or transposed, (D, cols)
++= (D, rows)·(rows, cols) (the Python loops; the result then needs a transposing copy, 6 ms for each of dk' and
+dv at B=4, H=8, T=1024).  The relative logits' rows are
 padded to a multiple of 16 elements (:func:`_padded`), and dS is written straight into the skewed view of G
 (zero elsewhere), from which the content and relative gradients both read it -- no copy, no index.  A filter
 is applied only in the columns where it drops a pair (a causal block's diagonal square).  A query whose
@@ -138,19 +141,40 @@ class _Relative:
     def final(grads: list) -> list:
         return grads
 
+    @staticmethod
+    def whole(qv: Tensor, table: Tensor, grads: list | None) -> dict:
+        """What the compiled loops keep for the whole call: the table in reverse, of which each block reads a
+        window, and (backward) its gradient, transposed, (H|1, d, S), into which the blocks accumulate."""
+        out = {"flipped": table.flip(1)}
+        if grads is not None:
+            out["dflipped_t"] = table.new_zeros(table.shape[0], table.shape[-1], table.shape[1])
+        return out
+
+    @staticmethod
+    def finish(whole: dict | None, grads: list) -> None:
+        """Adds the compiled loops' table gradient (:meth:`whole`) to ``grads``."""
+        if whole is not None:
+            grads[1] += whole["dflipped_t"].transpose(-1, -2).flip(1)
+
     def __init__(self, spec: SliceSpec, blk: "_Block", qv: Tensor, table: Tensor, grads: list | None,
-                 python: bool = True):
+                 whole: dict | None = None):
         self.qv, self.table, self.grads = qv, table, grads  # grads: zero_grads(...) or None (forward)
         n, m = blk.n, blk.m
         self.a, self.z = spec.base + blk.r0 - (blk.hi - 1), spec.base + blk.r1 - blk.lo  # distances met
         w = _padded(n + m - 1)
-        if python:  # the compiled loops form the logits in a buffer of their own
-            self.logits = table.new_empty(n, w)
-        self.rev = table.new_zeros(table.shape[0], w, table.shape[-1])
-        self.rev[:, :self.z - self.a] = table[:, self.a:self.z].flip(1)
         if grads is not None:
             self.g_rel = table.new_zeros(n, w)  # zero outside the band that dS fills
             self.ds = _skew(self.g_rel, n, m)
+        if whole is not None:  # the compiled loops: views of the call's reversed table and its gradient
+            win = slice(table.shape[1] - self.z, table.shape[1] - self.a)
+            self.rev = whole["flipped"][:, win]
+            if grads is not None:
+                self.drev_t = whole["dflipped_t"][..., win]
+            return
+        self.logits = table.new_empty(n, w)
+        self.rev = table.new_zeros(table.shape[0], w, table.shape[-1])
+        self.rev[:, :self.z - self.a] = table[:, self.a:self.z].flip(1)
+        if grads is not None:
             self.drev_t = table.new_zeros(table.shape[0], table.shape[-1], w)  # (H|1, d, w)
 
     def source(self, blk: "_Block", bb: int, hh: int) -> Tensor:
@@ -170,8 +194,8 @@ class _Relative:
         pass
 
     def native_inputs(self) -> list:
-        """The compiled loop's term tensors: qv and the block's reversed table; in the backward also dqv, the
-        table's gradient (transposed) and G (:meth:`native_grads`)."""
+        """The compiled loop's term tensors: qv and the block's distances in reverse; in the backward also dqv,
+        their gradient (transposed) and G (:meth:`native_grads`)."""
         return [self.qv, self.rev]
 
     def native_grads(self) -> list:
@@ -214,10 +238,19 @@ class _Shared:
             bias[..., drop_cols].masked_fill_(drop, float("-inf"))
         return bias
 
+    @staticmethod
+    def whole(qf_t: Tensor, kf_t: Tensor, grads: list | None) -> dict:
+        """Nothing is kept for the whole call (the compiled loops form each head's term per block)."""
+        return {}
+
+    @staticmethod
+    def finish(whole: dict | None, grads: list) -> None:
+        pass
+
     def __init__(self, spec: SliceSpec, blk: "_Block", qf_t: Tensor, kf_t: Tensor, grads: list | None,
-                 python: bool = True):
+                 whole: dict | None = None):
         self.qf_t, self.kf_t, self.grads = qf_t, kf_t, grads  # grads: zero_grads(...) or None (forward)
-        if not python:  # the compiled loops keep these buffers themselves
+        if whole is not None:  # the compiled loops keep these buffers themselves
             return
         self.head = qf_t.new_empty(blk.n, blk.m)
         self.cur = -1
@@ -254,13 +287,13 @@ class _Shared:
 
 class _Block:
     """One block of query rows [r0, r1) and its key span [lo, hi), with the term's buffers for it (only those
-    the compiled loops read when ``python`` is False)."""
+    the compiled loops read when ``whole``, the term's tensors kept for the call, is given)."""
 
-    def __init__(self, spec: SliceSpec, r0, r1, lo, hi, extras, grads, python: bool = True):
+    def __init__(self, spec: SliceSpec, r0, r1, lo, hi, extras, grads, whole: dict | None = None):
         self.r0, self.r1, self.lo, self.hi = r0, r1, lo, hi
         self.n, self.m = r1 - r0, hi - lo
         self.rows, self.cols = slice(r0, r1), slice(lo, hi)
-        self.term = _TERMS[spec.term](spec, self, *extras, grads, python)
+        self.term = _TERMS[spec.term](spec, self, *extras, grads, whole)
         self.drop_cols, self.drop = _dropped(spec.keep, self.rows, self.cols)
 
     def bias(self, spec: SliceSpec, key_bias, bb: int, hh: int, out: Tensor, factor: float = 1.0) -> Tensor:
@@ -295,12 +328,12 @@ def _dropped(keep: Tensor | None, rows: slice, cols: slice) -> tuple[slice | Non
     return c, dropped[..., c]
 
 
-def _blocks(spec: SliceSpec, extras, grads=None, python: bool = True):
+def _blocks(spec: SliceSpec, extras, grads=None, whole: dict | None = None):
     """The blocks that see a key, with their buffers (those of the gradient when ``grads`` is given; those of
-    the compiled loops only, when ``python`` is False)."""
+    the compiled loops, with the term's ``whole``, only)."""
     for r0, r1, lo, hi in spec.blocks:
         if hi > lo:
-            yield _Block(spec, r0, r1, lo, hi, extras, grads, python)
+            yield _Block(spec, r0, r1, lo, hi, extras, grads, whole)
 
 
 def _flash_forward(spec: SliceSpec, qf, kf, v, key_bias, extras, out: Tensor, lse: Tensor) -> None:
@@ -330,17 +363,86 @@ def _flash_forward(spec: SliceSpec, qf, kf, v, key_bias, extras, out: Tensor, ls
                 lse[bb, hh, blk.rows] = l[0, 0]
 
 
+def _zero_keyless(spec: SliceSpec, x: Tensor) -> Tensor:
+    """Zeroes x's rows (dim -2) in the blocks that see no key, the rows the compiled loops do not write."""
+    for r0, r1, lo, hi in spec.blocks:
+        if hi <= lo:
+            x[..., r0:r1, :] = 0
+    return x
+
+
+def _backward_native(compiled, spec: SliceSpec, qf, kf, v, key_bias, gout, lse, delta, want_kb: bool, extras,
+                     grads) -> tuple:
+    """The backward pass in the compiled loops: (dq', dk', dv, the key bias's gradient (B, H, Tk) or None);
+    the term's gradients accumulate into ``grads``.  log2(e) and the scale are folded into the products' alpha,
+    the key bias and lse, so that forming P costs one pass."""
+    b, h, tk = v.shape[0], v.shape[1], kf.shape[2]
+    lse2 = lse * LOG2E
+    kb2 = None if key_bias is None else key_bias * LOG2E
+    dq = _zero_keyless(spec, qf.new_empty(qf.shape))  # each block writes its rows
+    dk, dv = kf.new_zeros(kf.shape), v.new_zeros(v.shape)
+    dkb = qf.new_zeros(b, h, tk) if want_kb else None
+    term_cls = _TERMS[spec.term]
+    whole = term_cls.whole(*extras, grads)
+    for blk in _blocks(spec, extras, grads, whole):
+        term = blk.term
+        compiled.block_backward(qf, kf, v, gout, lse2, delta, spec.scale, kb2, blk.drop,
+                                0 if blk.drop is None else blk.drop_cols.start, blk.r0, blk.r1, blk.lo, blk.hi,
+                                dq, dk, dv, dkb, term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m),
+                                term.native_inputs() + term.native_grads())
+    term_cls.finish(whole, grads)
+    return dq, dk, dv, dkb
+
+
+def _backward_python(spec: SliceSpec, qf, kf, v, key_bias, gout, lse, delta, want_kb: bool, extras,
+                     grads) -> tuple:
+    """The backward pass in Python loops (the compiled loops' fallback); returns as :func:`_backward_native`."""
+    b, h, tk, d = v.shape[0], v.shape[1], kf.shape[2], kf.shape[-1]
+    qs = qf * spec.scale
+    # P = exp(s - lse) = 2^(log2(e)·s - log2(e)·lse): log2(e) is folded into q', the key bias, lse and the
+    # copy of the term into s, so that forming P costs no extra pass
+    q2, lse2 = qs * LOG2E, lse * LOG2E
+    kb2 = None if key_bias is None else key_bias * LOG2E
+    dq = qf.new_zeros(qf.shape)
+    if want_kb:  # a column of ones: row d of [scale·q', 1]^T dS is the key bias's gradient, sum_i dS_ij
+        qs = torch.cat([qs, qs.new_ones(*qs.shape[:-1], 1)], -1)
+    dk_t = qf.new_zeros(b, h, qs.shape[-1], tk)  # accumulated transposed: (d [+ 1], rows)·(rows, cols)
+    dv_t = v.new_zeros(b, h, v.shape[-1], tk)
+    for blk in _blocks(spec, extras, grads):
+        rows, cols, term = blk.rows, blk.cols, blk.term
+        s, dp = qf.new_empty(blk.n, blk.m), qf.new_empty(blk.n, blk.m)
+        ds = term.ds  # where the term wants dS: the skewed view of G, or a buffer of its own
+        for hh in range(h):
+            for bb in range(b):
+                blk.bias(spec, kb2, bb, hh, s, LOG2E)
+                p = s.addmm_(q2[bb, hh, rows], kf[bb, hh, cols].t()).sub_(lse2[bb, hh, rows, None]).exp2_()
+                g = gout[bb, hh, rows]
+                dv_t[bb, hh, :, cols].addmm_(g.t(), p)
+                torch.mm(g, v[bb, hh, cols].t(), out=dp)
+                torch.mul(dp.sub_(delta[bb, hh, rows, None]), p, out=ds)
+                torch.mm(ds, kf[bb, hh, cols], out=dq[bb, hh, rows])
+                dk_t[bb, hh, :, cols].addmm_(qs[bb, hh, rows].t(), ds)
+                term.take(blk, bb, hh, ds)
+            term.end_head(blk, hh)
+        term.end_block()
+    dq.mul_(spec.scale)
+    return (dq, dk_t[:, :, :d].transpose(-1, -2), dv_t.transpose(-1, -2),
+            dk_t[:, :, d] if want_kb else None)
+
+
 class _Sliced(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: SliceSpec, qf, kf, v, key_bias, *extras):
-        out = v.new_zeros(*v.shape[:2], qf.shape[2], v.shape[-1])
         lse = v.new_zeros(*v.shape[:2], qf.shape[2])
         compiled = native.sliced(qf.dtype)
         if compiled is None:
+            out = v.new_zeros(*v.shape[:2], qf.shape[2], v.shape[-1])
             _flash_forward(spec, qf, kf, v, key_bias, extras, out, lse)
-        else:  # per slice, compiled (backends/native.py)
+        else:  # per slice, compiled (backends/native.py); each block writes its rows
+            out = _zero_keyless(spec, v.new_empty(*v.shape[:2], qf.shape[2], v.shape[-1]))
             kb2 = None if key_bias is None else key_bias * LOG2E
-            for blk in _blocks(spec, extras, python=False):
+            whole = _TERMS[spec.term].whole(*extras, None)
+            for blk in _blocks(spec, extras, whole=whole):
                 compiled.block_forward(qf, kf, v, kb2, blk.drop, 0 if blk.drop is None else blk.drop_cols.start,
                                        blk.r0, blk.r1, blk.lo, blk.hi, spec.scale, out, lse,
                                        blk.term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m), blk.term.native_inputs())
@@ -352,50 +454,19 @@ class _Sliced(torch.autograd.Function):
     def backward(ctx, gout):
         spec = ctx.spec
         qf, kf, v, key_bias, out, lse, *extras = ctx.saved_tensors
-        b, h, tk, d = v.shape[0], v.shape[1], kf.shape[2], kf.shape[-1]
         gout = gout.contiguous()
-        qs = qf * spec.scale
-        # P = exp(s - lse) = 2^(log2(e)·s - log2(e)·lse): log2(e) is folded into q', the key bias, lse and the
-        # copy of the term into s, so that forming P costs no extra pass
-        q2, lse2 = qs * LOG2E, lse * LOG2E
-        kb2 = None if key_bias is None else key_bias * LOG2E
         delta = (gout * out).sum(-1)
-        dq = qf.new_zeros(qf.shape)
         want_kb = key_bias is not None and ctx.needs_input_grad[4]
-        if want_kb:  # a column of ones: row d of [scale·q', 1]^T dS is the key bias's gradient, sum_i dS_ij
-            qs = torch.cat([qs, qs.new_ones(*qs.shape[:-1], 1)], -1)
-        dk_t = qf.new_zeros(b, h, qs.shape[-1], tk)  # accumulated transposed: (d [+ 1], rows)·(rows, cols)
-        dv_t = v.new_zeros(b, h, v.shape[-1], tk)
         term_cls = _TERMS[spec.term]
         grads = term_cls.zero_grads(*extras)
         compiled = native.sliced(qf.dtype)
-        for blk in _blocks(spec, extras, grads, python=compiled is None):
-            rows, cols, term = blk.rows, blk.cols, blk.term
-            if compiled is not None:  # the same loop, compiled (backends/native.py)
-                compiled.block_backward(q2, qs, kf, v, gout, lse2, delta, kb2, blk.drop,
-                                        0 if blk.drop is None else blk.drop_cols.start, blk.r0, blk.r1, blk.lo,
-                                        blk.hi, dq, dk_t, dv_t, term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m),
-                                        term.native_inputs() + term.native_grads())
-                term.end_block()
-                continue
-            s, dp = qf.new_empty(blk.n, blk.m), qf.new_empty(blk.n, blk.m)
-            ds = term.ds  # where the term wants dS: the skewed view of G, or a buffer of its own
-            for hh in range(h):
-                for bb in range(b):
-                    blk.bias(spec, kb2, bb, hh, s, LOG2E)
-                    p = s.addmm_(q2[bb, hh, rows], kf[bb, hh, cols].t()).sub_(lse2[bb, hh, rows, None]).exp2_()
-                    g = gout[bb, hh, rows]
-                    dv_t[bb, hh, :, cols].addmm_(g.t(), p)
-                    torch.mm(g, v[bb, hh, cols].t(), out=dp)
-                    torch.mul(dp.sub_(delta[bb, hh, rows, None]), p, out=ds)
-                    torch.mm(ds, kf[bb, hh, cols], out=dq[bb, hh, rows])
-                    dk_t[bb, hh, :, cols].addmm_(qs[bb, hh, rows].t(), ds)
-                    term.take(blk, bb, hh, ds)
-                term.end_head(blk, hh)
-            term.end_block()
-        dq.mul_(spec.scale)
-        dkb = sum_to(dk_t[:, :, d:], key_bias.shape) if want_kb else None
-        return (None, dq, dk_t[:, :, :d].transpose(-1, -2), dv_t.transpose(-1, -2), dkb, *term_cls.final(grads))
+        if compiled is None:
+            dq, dk, dv, dkb = _backward_python(spec, qf, kf, v, key_bias, gout, lse, delta, want_kb, extras, grads)
+        else:  # the same loop, compiled (backends/native.py)
+            dq, dk, dv, dkb = _backward_native(compiled, spec, qf, kf, v, key_bias, gout, lse, delta, want_kb,
+                                               extras, grads)
+        dkb = sum_to(dkb.unsqueeze(2), key_bias.shape) if want_kb else None
+        return (None, dq, dk, dv, dkb, *term_cls.final(grads))
 
 
 def sliced_smoother(spec: SliceSpec, qf: Tensor, kf: Tensor, v: Tensor, key_bias: Tensor | None,
