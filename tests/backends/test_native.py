@@ -118,7 +118,9 @@ def test_failed_build_falls_back_to_the_python_loop(monkeypatch):
 
 def test_sliced_path_minimum_keys(monkeypatch):
     """Below SLICED_MIN_KEYS keys Transformer-XL's term and product's shared positions run on the blocked path
-    (the per-slice calls would cost more than they save), and explain says so; from it on, the sliced path."""
+    (the per-slice calls would cost more than they save), and explain says so; from it on, the sliced path.
+    ``auto`` runs them on dense below it (faster than the blocked path there) and on fused from it on; with
+    dropout (no sliced path at any length) it keeps fused."""
     from kernel_attention.backends import fused
 
     monkeypatch.setattr(fused, "SLICED_MIN_KEYS", 256)
@@ -128,8 +130,12 @@ def test_sliced_path_minimum_keys(monkeypatch):
             terms = _terms(position, q, k)
             why = explain(q, k, v, "exp", "causal", terms=terms, backend="fused").reasons["fused"]
             assert ("element) slice" in why and "blocked SDPA" not in why) == sliced, why
+            auto = explain(q, k, v, "exp", "causal", terms=terms)
+            assert auto.name == ("fused" if sliced else "dense"), auto
             if not sliced:
                 assert "Tk=40 is below the 256 keys from which the sliced path" in why, why
+                assert f"with Tk=40 keys (below the sliced path's 256) would run on fused's blocked path" in str(auto)
+                assert explain(q, k, v, "exp", "causal", terms=terms, dropout_p=0.1).name == "fused"
     close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
 
 

@@ -3,8 +3,9 @@ r"""Choosing a backend, and saying why.
 ``auto`` tries, in order:
 
 1. ``dense`` when the weights are asked for (only it forms them);
-2. ``fused`` for every positive kernel (soft-max of log k), except on CUDA where its blocked path
-   was measured slower than dense and dense's tensors are small enough
+2. ``fused`` for every positive kernel (soft-max of log k), except where its blocked path was measured
+   slower than dense and dense's tensors are small enough -- on CUDA, and on the CPU for Transformer-XL's
+   relative term and ``product``'s shared positions below the sliced path's 256 keys
    (:meth:`~kernel_attention.backends.fused.FusedBackend.dense_preferred`);
 3. ``linear`` for kernels with a finite feature map once the keys are at least
    :func:`linear_crossover` (below it the quadratic form is faster on CPU);

@@ -70,9 +70,8 @@ __all__ = ["FusedBackend"]
 #: batch (see :meth:`FusedBackend._rows`).
 LARGE_BLOCK_ELEMENTS = 1 << 25
 
-#: Up to this many (B, H, Tq, Tk) elements ``auto`` runs on dense, on CUDA, what the blocked path was
-#: measured slower at (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of
-#: dense's peak in bf16.
+#: Up to this many (B, H, Tq, Tk) elements ``auto`` runs on dense what the blocked path was measured slower
+#: at (:meth:`FusedBackend.dense_preferred`): T = 2048 at B=4, H=8, about 1.5 GB of dense's peak in bf16.
 DENSE_PREFERRED_ELEMENTS = 1 << 27
 
 #: Keys from which the sliced path runs (below, the blocked path): its per-slice calls cost more than its
@@ -166,21 +165,33 @@ class FusedBackend(Backend):
         factors, under a full, causal or padding filter -- dense is preferred while its (B, H, Tq, Tk)
         tensors have at most ``DENSE_PREFERRED_ELEMENTS`` elements; above that, the blocked path's
         memory is.  Shaw's table is left out: dense's backward scatter-adds into the table (26x slower
-        than FlexAttention at T=4096).  On the CPU there is no such rule: the blocked path is faster
-        for ``xl`` and ``rbf-only``, and for the implicit kernels the two trade places with the size
-        and filter (causal: blocked 2x faster from T=512; full: dense 1.2-1.5x faster at most sizes).
+        than FlexAttention at T=4096).
+
+        On the CPU the same holds below ``SLICED_MIN_KEYS`` keys for what the sliced path runs from there on
+        (Transformer-XL's relative term, ``product`` positions shared by the batch), which would otherwise run on
+        the blocked path: fwd+bwd, dense against blocked, ``xl`` 3.2 / 3.9 ms at T=32, 7.2 / 8.5 at 64, 20.4 /
+        23.4 at 128 (B=4, H=8, D=64, one thread), ``product`` 11.1 / 13.5 ms at 128, and 2.4 / 3.1 ms at the
+        main job's B=64, H=4, D=8, T=8 (docs/benchmarks.md).  Otherwise the blocked path is faster on the CPU for
+        ``xl`` and ``rbf-only``, and for the implicit kernels the two trade places with the size and filter
+        (causal: blocked 2x faster from T=512; full: dense 1.2-1.5x faster at most sizes).
         ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
-        if (device or p.q.device.type) != "cuda" or p.need_weights:
+        b, h, tq, tk = p.shape
+        n, t = b * h * tq * tk, p.terms
+        if p.need_weights or n > DENSE_PREFERRED_ELEMENTS:
             return None
-        t = p.terms
+        if (device or p.q.device.type) != "cuda":  # the cheap tests first: attention() asks this on every call
+            short = self.sliced and tk < SLICED_MIN_KEYS and (
+                self._shared_positions(p) or (_has_form(p) and relative_base(p) is not None))
+            if not short or not self._direct_mask(p)[0]:
+                return None
+            what = "product's positions shared by the batch" if t.q_feat is not None else "Transformer-XL's relative term"
+            return (f"on the CPU, {what} with Tk={tk} keys (below the sliced path's {SLICED_MIN_KEYS}) would run on "
+                    f"fused's blocked path, which dense was faster than at such lengths; its (B, H, Tq, Tk) tensors "
+                    f"have {n} elements (at most {DENSE_PREFERRED_ELEMENTS}); pass backend='fused' to use it")
         factors = t is not None and bool(t.relative_factors)
         if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
             return None
         if not (factors or not _has_form(p)) or not self._direct_mask(p)[0]:
-            return None
-        b, h, tq, tk = p.shape
-        n = b * h * tq * tk
-        if n > DENSE_PREFERRED_ELEMENTS:
             return None
         what = "Transformer-XL's relative factors" if factors else f"kernel {p.kernel.name!r} has no SDPA features"
         return (f"on CUDA, fused would run its blocked path ({what}), which is launch-bound there; dense was "
