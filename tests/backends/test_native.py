@@ -160,3 +160,29 @@ def test_compiled_loops_on_one_thread_and_on_several(position):
     finally:
         torch.set_num_threads(threads)
     close(one, several)
+
+
+@needs_build
+def test_compiled_gradients_come_contiguous(python_loop):
+    """The compiled loops accumulate dk' and dv untransposed: the gradients they return are contiguous (the Python
+    loop's are transposed views, which cost a transposing copy where a contiguous gradient is needed), and equal
+    the Python loop's."""
+    from kernel_attention.backends.chunked import plan_blocks
+    from kernel_attention.backends.sliced import SliceSpec, sliced_smoother
+
+    torch.manual_seed(0)
+    b, h, t, d = 2, 2, 300, 8
+    qf, kf, v, qv = (torch.randn(b, h, t, d, dtype=DT, requires_grad=True) for _ in range(4))
+    table = torch.randn(h, 2 * t - 1, d, dtype=DT, requires_grad=True)
+    spec = SliceSpec(scale=d ** -0.5, keep=None, blocks=plan_blocks(None, t, t, 256)[1], term="relative", base=t - 1)
+
+    def grads():
+        out = sliced_smoother(spec, qf, kf, v, None, qv, table)
+        return torch.autograd.grad(out, (qf, kf, v, qv, table), torch.ones_like(out) + out.detach())
+    compiled = grads()
+    assert all(g.is_contiguous() for g in compiled[:3]), [g.stride() for g in compiled[:3]]
+    with python_loop():
+        loop = grads()
+    assert not loop[1].is_contiguous()  # the transposed accumulation this guards against
+    for x, y in zip(compiled, loop):
+        torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
