@@ -134,7 +134,7 @@ def test_sliced_path_minimum_keys(monkeypatch):
             assert auto.name == ("fused" if sliced else "dense"), auto
             if not sliced:
                 assert "Tk=40 is below the 256 keys from which the sliced path" in why, why
-                assert f"with Tk=40 keys (below the sliced path's 256) would run on fused's blocked path" in str(auto)
+                assert "with Tk=40 keys (below the sliced path's 256) would run on fused's blocked path" in str(auto)
                 assert explain(q, k, v, "exp", "causal", terms=terms, dropout_p=0.1).name == "fused"
     close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
 

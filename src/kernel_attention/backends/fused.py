@@ -184,7 +184,8 @@ class FusedBackend(Backend):
                 self._shared_positions(p) or (_has_form(p) and relative_base(p) is not None))
             if not short or not self._direct_mask(p)[0]:
                 return None
-            what = "product's positions shared by the batch" if t.q_feat is not None else "Transformer-XL's relative term"
+            what = ("product's positions shared by the batch" if t.q_feat is not None
+                    else "Transformer-XL's relative term")
             return (f"on the CPU, {what} with Tk={tk} keys (below the sliced path's {SLICED_MIN_KEYS}) would run on "
                     f"fused's blocked path, which dense was faster than at such lengths; its (B, H, Tq, Tk) tensors "
                     f"have {n} elements (at most {DENSE_PREFERRED_ELEMENTS}); pass backend='fused' to use it")

@@ -145,7 +145,8 @@ class SharedTerm:
 
     @staticmethod
     def zero_grads(qf_t: Tensor, kf_t: Tensor) -> list:
-        """[d(t_q W_T), d(t_k W_T)^T (1, H, F, Tk)]: the key side accumulated transposed, as dk'."""
+        """[d(t_q W_T), d(t_k W_T)^T (1, H, F, Tk)]: the key side accumulated transposed,
+        (F, cols) += (F, rows)·(rows, cols)."""
         return [qf_t.new_zeros(qf_t.shape), kf_t.new_zeros(*kf_t.shape[:2], kf_t.shape[3], kf_t.shape[2])]
 
     @staticmethod

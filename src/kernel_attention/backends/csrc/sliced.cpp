@@ -342,7 +342,8 @@ void block_backward(const Tensor& qf, const Tensor& kf, const Tensor& v, const T
       AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward_ds", [&] {
         scalar_t *dsp = ds.data_ptr<scalar_t>(), *dpp = dp.data_ptr<scalar_t>(), *sp = s.data_ptr<scalar_t>();
         const scalar_t* dlp = dl.data_ptr<scalar_t>();
-        scalar_t *dbp = term == 1 ? db.data_ptr<scalar_t>() : nullptr, *csp = has_dkb ? cs.data_ptr<scalar_t>() : nullptr;
+        scalar_t* dbp = term == 1 ? db.data_ptr<scalar_t>() : nullptr;
+        scalar_t* csp = has_dkb ? cs.data_ptr<scalar_t>() : nullptr;
         const int64_t dss = ds.stride(0), ps = s.stride(0);
         if (term == 1 && has_dkb) ds_rows<scalar_t, true, true>(dsp, dss, dpp, sp, ps, dlp, dbp, csp, n, m);
         else if (term == 1) ds_rows<scalar_t, true, false>(dsp, dss, dpp, sp, ps, dlp, dbp, csp, n, m);
