@@ -89,7 +89,7 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
     # (self-attention), read from the index's two vectors or, given as a tensor, gathered from it (a memory in
     # front of the segment), product, key bias.
     from kernel_attention.backends.flex import flex_smoother, flex_why_not
-    from kernel_attention.backends.fused import sdpa_features
+    from kernel_attention.backends.base import sdpa_features
     from kernel_attention.functional import build_problem
     from kernel_attention.smoother import dense_smoother
 

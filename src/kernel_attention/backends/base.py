@@ -23,7 +23,7 @@ from kernel_attention.kernels import Kernel
 from kernel_attention.registry import Registry
 from kernel_attention.smoother import PositionalTerms
 
-__all__ = ["Problem", "Backend", "BACKENDS", "block_rows", "BLOCK_ELEMENTS"]
+__all__ = ["Problem", "Backend", "BACKENDS", "block_rows", "BLOCK_ELEMENTS", "sdpa_features"]
 
 #: Elements of one (B, H, rows, Tk) block in the chunked paths: memory grows as rows x Tk, not Tq x Tk.
 BLOCK_ELEMENTS = 1 << 23
@@ -121,3 +121,20 @@ def pad_last(x: Tensor, d: int) -> Tensor:
 def as_float_mask(keep: Tensor, dtype) -> Tensor:
     """0 where the key takes part, -inf elsewhere."""
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
+
+
+def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True):
+    """(q', k', scale, key bias or None) with log k = scale · <q', k'> + key bias (+ per-row constants),
+    the positional features of ``product`` concatenated unless ``positions`` is False:
+    [q'; q_feat / scale] · [k'; k_feat] · scale adds <q_feat, k_feat>.  (None, None, 1.0, None) for a
+    kernel without SDPA features."""
+    form = p.kernel.sdpa_form(p.q, p.k, key_bias=key_bias)
+    if form is None:
+        return None, None, 1.0, None
+    qf, kf, scale, t = form.q, form.k, form.scale, p.terms
+    if positions and t is not None and t.q_feat is not None:
+        b = p.shape[0]
+        qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
+        kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
+        qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
+    return qf, kf, scale, form.key_bias

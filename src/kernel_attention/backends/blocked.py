@@ -21,7 +21,7 @@ __all__ = ["blocked_spec"]
 
 def blocked_spec(p: Problem, qf, kf, scale: float, key_bias, rows: int, shared: bool) -> tuple[ChunkSpec, list]:
     """The :class:`ChunkSpec` and its extra tensors for ``p`` on the blocked path, in blocks of ``rows`` query
-    rows: qf, kf, scale and key_bias from :func:`kernel_attention.backends.fused.sdpa_features` (qf None for a
+    rows: qf, kf, scale and key_bias from :func:`kernel_attention.backends.base.sdpa_features` (qf None for a
     kernel without SDPA features); ``shared``: ``product``'s features are not in qf / kf and enter here."""
     q, k, kern, t = p.q, p.k, p.kernel, p.terms
     b, h, tq, tk = p.shape

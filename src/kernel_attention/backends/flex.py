@@ -95,7 +95,7 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
     """softmax(scale · qf kf^T + b) v over the filter, with b from the key bias and ``p.terms``.
 
     ``qf``, ``kf``: the kernel's SDPA features with any positional features (``product``) already
-    concatenated (:func:`kernel_attention.backends.fused.sdpa_features`)."""
+    concatenated (:func:`kernel_attention.backends.base.sdpa_features`)."""
     from kernel_attention.backends.banded import shaw_clip
 
     flex, create_block_mask = _flex()

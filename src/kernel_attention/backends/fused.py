@@ -49,11 +49,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float_mask, block_rows,
+from kernel_attention.backends.base import (BACKENDS, Backend, Problem, as_float_mask, block_rows, sdpa_features,
                                             empty_rows, pad_last, BLOCK_ELEMENTS)
 from kernel_attention.backends.banded import banded_clip, shaw_banded
 from kernel_attention.backends.blocked import blocked_spec
@@ -167,22 +166,17 @@ class FusedBackend(Backend):
         memory is.  Shaw's table is left out: dense's backward scatter-adds into the table (26x slower
         than FlexAttention at T=4096).
 
-        On the CPU the same holds below ``SLICED_MIN_KEYS`` keys for what the sliced path runs from there on
-        (Transformer-XL's relative term, ``product`` positions shared by the batch), which would otherwise run on
-        the blocked path: fwd+bwd, dense against blocked, ``xl`` 3.2 / 3.9 ms at T=32, 7.2 / 8.5 at 64, 20.4 /
-        23.4 at 128 (B=4, H=8, D=64, one thread), ``product`` 11.1 / 13.5 ms at 128, and 2.4 / 3.1 ms at the
-        main job's B=64, H=4, D=8, T=8 (docs/benchmarks.md).  Otherwise the blocked path is faster on the CPU for
-        ``xl`` and ``rbf-only``, and for the implicit kernels the two trade places with the size and filter
-        (causal: blocked 2x faster from T=512; full: dense 1.2-1.5x faster at most sizes).
+        On the CPU the same holds for what the sliced path runs but below its ``SLICED_MIN_KEYS`` keys
+        (:meth:`_sliced_but_short`): dense 15-20% faster than the blocked path there, fwd+bwd (``xl`` 20.4 / 23.4
+        ms at T=128, B=4, H=8, D=64; docs/benchmarks.md).  Otherwise the blocked path is faster on the CPU for
+        ``xl`` and ``rbf-only``; for the implicit kernels the two trade places with the size and filter.
         ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
         b, h, tq, tk = p.shape
         n, t = b * h * tq * tk, p.terms
         if p.need_weights or n > DENSE_PREFERRED_ELEMENTS:
             return None
         if (device or p.q.device.type) != "cuda":  # the cheap tests first: attention() asks this on every call
-            short = self.sliced and tk < SLICED_MIN_KEYS and (
-                self._shared_positions(p) or (_has_form(p) and relative_base(p) is not None))
-            if not short or not self._direct_mask(p)[0]:
+            if not self._sliced_but_short(p) or not self._direct_mask(p)[0]:
                 return None
             what = ("product's positions shared by the batch" if t.q_feat is not None
                     else "Transformer-XL's relative term")
@@ -223,6 +217,12 @@ class FusedBackend(Backend):
                 and p.dropout_p == 0
                 and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1 and p.shape[0] > 1
                 and _has_form(p))
+
+    def _sliced_but_short(self, p: Problem) -> bool:
+        """Whether ``p`` has a term the sliced path runs (Transformer-XL's relative term, ``product``'s shared
+        positions) but fewer than ``SLICED_MIN_KEYS`` keys, so that it goes to the blocked path instead."""
+        return self.sliced and p.shape[3] < SLICED_MIN_KEYS and (
+            self._shared_positions(p) or (_has_form(p) and relative_base(p) is not None))
 
     def _route(self, p: Problem) -> Route:
         """The path of ``p``, in the order the module docstring lists them.  A key bias has a one-call
@@ -301,7 +301,7 @@ class FusedBackend(Backend):
             why.append("the key bias has a one-call form only on the CPU without dropout")
         if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
             why.append("relative positions add a gathered (rows, Tk) term per block")
-        if self.sliced and tk < SLICED_MIN_KEYS and (route.shared or relative_base(p) is not None):
+        if self._sliced_but_short(p):
             why.append(f"Tk={tk} is below the {SLICED_MIN_KEYS} keys from which the sliced path (per (head, "
                        f"block, batch element) slice) is faster")
         if p.terms is not None and p.terms.bias is not None:
@@ -372,23 +372,6 @@ class FusedBackend(Backend):
         """``shared``: ``product``'s features are not in qf / kf (:meth:`_shared_positions`)."""
         spec, extras = blocked_spec(p, qf, kf, scale, key_bias, self._rows(p, shared), shared)
         return chunked_smoother(spec, qf, kf, p.v, *extras)
-
-
-def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True):
-    """(q', k', scale, key bias or None) with log k = scale · <q', k'> + key bias (+ per-row constants),
-    the positional features of ``product`` concatenated unless ``positions`` is False:
-    [q'; q_feat / scale] · [k'; k_feat] · scale adds <q_feat, k_feat>.  (None, None, 1.0, None) for a
-    kernel without SDPA features."""
-    form = p.kernel.sdpa_form(p.q, p.k, key_bias=key_bias)
-    if form is None:
-        return None, None, 1.0, None
-    qf, kf, scale, t = form.q, form.k, form.scale, p.terms
-    if positions and t is not None and t.q_feat is not None:
-        b = p.shape[0]
-        qfeat = t.q_feat.expand(b, *t.q_feat.shape[1:]) / scale
-        kfeat = t.k_feat.expand(b, *t.k_feat.shape[1:])
-        qf, kf = torch.cat([qf, qfeat.to(qf.dtype)], -1), torch.cat([kf, kfeat.to(kf.dtype)], -1)
-    return qf, kf, scale, form.key_bias
 
 
 def _filter_note(p: Problem, blocks: list) -> str:
