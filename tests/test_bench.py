@@ -19,6 +19,18 @@ def test_bench_runs_a_tiny_grid_and_writes_its_table(tmp_path, capsys):
     assert "| 32 | exp / none / causal | fused |" in text and "Targets:" in capsys.readouterr().out
 
 
+def test_bench_times_training_shaped_calls_with_dropout(tmp_path):
+    """--dropout reaches every backend and the SDPA baseline; a kernel with magnitude dropout runs."""
+    out = tmp_path / "bench.md"
+    assert main(["--T", "32", "--B", "1", "--H", "2", "--D", "8", "--kernels", "ikan-direct:official=true",
+                 "--backends", "dense", "fused", "--dropout", "0.1", "--repeats", "1", "--threads", "1",
+                 "--out", str(out)]) == 0
+    assert "dropout 0.1" in out.read_text()
+    rows = load([str(out) + ".json"])
+    assert {r.backend for r in rows} == {"sdpa", "dense", "fused"}
+    assert all(r.status == "ok" and r.fb_ms > 0 for r in rows), [r.status for r in rows]
+
+
 def test_report_ratios_and_targets():
     r = [Result(4096, "exp", "none", "full", "sdpa", 1.0, 2.0, 10.0),
          Result(4096, "exp", "shaw", "full", "dense", 20.0, 40.0, 1000.0, sdpa_fwd_ms=1.0, sdpa_fb_ms=2.0),

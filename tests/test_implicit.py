@@ -218,3 +218,52 @@ def test_padding_does_not_enter_the_pooled_density():
     padded = torch.cat([x, 100 * torch.randn(1, 3, 16)], dim=1)
     key_mask = torch.tensor([[True] * 5 + [False] * 3])
     torch.testing.assert_close(att(padded, key_mask=key_mask)[:, :5], att(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["ikan:official=true,p=3.0", "ikan-direct:official=true", "mikan:official=true"])
+def test_blockwise_magnitude_dropout_is_per_block_and_redrawn(spec):
+    """The blocked path's log k with magnitude dropout: each entry is log_sim + log_mag / (1 - p) (kept) or
+    log_sim (dropped), against the kernel's own decompose; about p of the entries dropped; a block called
+    again (as the backward pass does) gets the same mask, another block another."""
+    torch.manual_seed(0)
+    kern = ka.make_kernel(spec, n_heads=2, d_head=8).double().train()
+    q, k, _ = _qkv(b=2, h=2, t=40, dtype=torch.float64)
+    torch.manual_seed(3)
+    state, f = kern.blockwise(q, k)
+    torch.manual_seed(3)                                    # the same spectral sample as in blockwise
+    log_sim, log_mag = kern.decompose(q, k)
+    rows, cols = slice(8, 24), slice(0, 40)
+    blk = f(rows, cols, q, k, *state)
+    assert torch.equal(blk, f(rows, cols, q, k, *state))
+    sim, mag = log_sim[..., rows, cols], log_mag[..., rows, cols]
+    kept = torch.isclose(blk, sim + mag / 0.9, rtol=0, atol=1e-9)
+    dropped = torch.isclose(blk, sim, rtol=0, atol=1e-9)
+    assert bool((kept | dropped).all()) and not bool((kept & dropped).any())
+    assert 0.03 < dropped.double().mean().item() < 0.2     # p = 0.1 over 2560 entries
+    other = f(slice(24, 40), cols, q, k, *state) - log_sim[..., 24:40, :]
+    assert not torch.equal(other == 0, dropped)
+    kern.eval()                                             # no dropout outside training
+    state, f = kern.blockwise(q, k)
+    sim, mag = kern.decompose(q, k)
+    assert torch.allclose(f(rows, cols, q, k, *state), (sim + mag)[..., rows, cols], atol=1e-9)
+
+
+def test_magnitude_dropout_trains_on_the_blocked_path():
+    """In training the official kernels run on fused's blocked path (no (Tq, Tk) mask kept), with gradients
+    that match finite differences when the seed is fixed, i.e. the backward pass redraws each block's mask."""
+    kern = ka.make_kernel("ikan-direct:official=true,p=3.0", n_heads=1, d_head=4).double().train()
+    q, k, v = (torch.randn(1, 1, 48, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    why = ka.explain(q, k, v, kern, "causal", backend="fused:block=1024")
+    assert "blocked SDPA, 3 blocks" in why.reasons["fused"] and "magnitude dropout" in why.reasons["fused"]
+    short = ka.explain(q, k, v, kern, "causal")             # auto: dense below 1024 keys on the CPU
+    assert short.name == "dense" and "magnitude dropout" in short.reasons["dense"]
+    x = torch.randn(1, 1, 1024, 4, dtype=torch.float64)
+    assert ka.explain(x, x, x, kern, "causal").name == "fused"
+
+    def f(q, k, v):
+        torch.manual_seed(0)
+        return ka.attention(q, k, v, kern, "causal", dropout_p=0.2, backend="fused:block=1024")
+    assert torch.equal(f(q, k, v), f(q, k, v))
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    kern.eval()
+    assert "the kernel per block" in ka.explain(q, k, v, kern, "causal").reasons["fused"]

@@ -196,13 +196,15 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
         if not self._feature_similarity():
             return super().blockwise(q, k)
         ws = self.prepare(q, k)
-        fq, fk, norm = self.features(q, ws), self.features(k, ws), self.feature_norm(ws)
+        fq, fk = self.features(q, ws) / self.feature_norm(ws), self.features(k, ws)
+        ab, mag = self.block_magnitude(q, k)
 
-        def f(r, c, q, k, fq, fk):
-            sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2)) / norm
-            return (sim.pow(2) + self.eps).log() + self.log_magnitude(q[..., r, :], k[..., c, :])
-        f.sliced_args = ["rows", "cols"]
-        return [fq, fk], f
+        def f(r, c, q, k, fq, fk, *ab):
+            sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2))
+            out = torch.addcmul(sim.new_full((), self.eps), sim, sim).log()
+            return out if mag is None else out + mag(r, c, ab[0][..., r, :], ab[1][..., c, :])
+        f.sliced_args = ["rows", "cols"] + ["rows", "cols"][:len(ab)]
+        return [fq, fk] + ab, f
 
     def has_squared_form(self) -> bool:
         """Whether :class:`SquaredForm` holds: not for a subclass that redefines the similarity or the

@@ -12,12 +12,14 @@ tables with a fixed similarity: ``rbf-only`` (Tsai et al.'s RBF, no magnitude), 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel_attention.decomposition import magnitude
+from kernel_attention.decomposition import lp_norm_sq, magnitude
+from kernel_attention.dropout import block_seed, keep_mask
 from kernel_attention.kernels import KERNELS, Kernel
 from kernel_attention.registry import Param
 
@@ -52,9 +54,40 @@ class SimilarityMagnitudeKernel(Kernel):
 
     def log_kernel(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> Tensor:
         log_sim, log_mag = self.decompose(q, k, key_mask)
-        if self.magnitude_dropout > 0 and self.training and self.use_magnitude:
+        if self.drops_magnitude:
             log_mag = F.dropout(log_mag.expand_as(log_sim), self.magnitude_dropout)
         return log_sim + log_mag
+
+    @property
+    def drops_magnitude(self) -> bool:
+        """Whether a forward pass now applies dropout to the (Tq, Tk) magnitude logits."""
+        return self.magnitude_dropout > 0 and self.training and self.use_magnitude
+
+    def block_magnitude(self, q: Tensor, k: Tensor) -> tuple[list[Tensor], Callable]:
+        """``([a, b], mag)`` for :meth:`blockwise`: a = ||q||_p^2 / denom (B, H, Tq, 1) and b the keys' (B, H,
+        Tk, 1), both over 1 - p while magnitude dropout applies, and ``mag(rows, cols, a[rows], b[cols])`` the
+        block's log magnitude a + b^T with :meth:`log_kernel`'s dropout, (B, H, |rows|, |cols|); ``([], None)``
+        without a magnitude.  The vectors carry the scale, so a block costs one add (and one select).
+
+        The dropout mask (:func:`kernel_attention.dropout.keep_mask`) comes from a generator seeded by this
+        call (one draw from the global generator, so ``torch.manual_seed`` fixes it) and by the block's first
+        row and column: a backend that recomputes a block in its backward pass, as the blocked path does,
+        draws the same mask again, and no (Tq, Tk) mask is stored.  Its draws differ from :meth:`log_kernel`'s
+        (one (Tq, Tk) draw); the distribution is the same."""
+        if not self.use_magnitude:
+            return [], None
+        drop = self.magnitude_dropout if self.drops_magnitude else 0.0
+        scale = 1.0 / (self.denom(q.shape[-1]) * (1.0 - drop))
+        a, b = (lp_norm_sq(x, self.p).mul(scale).unsqueeze(-1) for x in (q, k))
+        if not drop:
+            return [a, b], lambda r, c, a, b: a + b.transpose(-1, -2)
+        seed = int(torch.randint(0, 2 ** 62, (1,)))
+
+        def mag(r: slice, c: slice, a: Tensor, b: Tensor) -> Tensor:
+            m = a + b.transpose(-1, -2)
+            keep = keep_mask(m.shape, drop, block_seed(seed, r.start, c.start), m.device)
+            return torch.where(keep, m, m.new_zeros(()))
+        return [a, b], mag
 
     def regularization(self) -> Tensor:
         """Weighted KL (+ copula term) of the last forward pass; 0 for deterministic kernels."""
@@ -65,12 +98,14 @@ class SimilarityMagnitudeKernel(Kernel):
         drawn once per call, as :meth:`log_kernel` does, and passed whole to every block."""
         state = self.prepare(q, k)
         state = [] if state is None else list(state)
+        ab, mag = self.block_magnitude(q, k)
+        n = len(state)
 
         def f(r, c, q, k, *st):
-            return (self.log_similarity(q[..., r, :], k[..., c, :], list(st) if st else None)
-                    + self.log_magnitude(q[..., r, :], k[..., c, :]))
-        f.sliced_args = [None] * len(state)
-        return state, f
+            out = self.log_similarity(q[..., r, :], k[..., c, :], list(st[:n]) if n else None)
+            return out if mag is None else out + mag(r, c, st[n][..., r, :], st[n + 1][..., c, :])
+        f.sliced_args = [None] * n + ["rows", "cols"][:len(ab)]
+        return state + ab, f
 
 
 _lengthscale = Param("lengthscale", float, None, optional=True, check=lambda x: x > 0,

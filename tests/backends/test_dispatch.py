@@ -102,6 +102,27 @@ def test_fused_describes_the_path_it_runs(monkeypatch):
         assert path in why and bool(blocked) == (dropout > 0), (dropout, why)
 
 
+def test_long_sequences_with_dropout_leave_sdpa_math_path_on_cpu(monkeypatch):
+    """SDPA's CPU flash kernel takes no dropout, so from DROPOUT_BLOCKED_MIN_KEYS keys on a call with dropout
+    runs (and says it runs) on the blocked path; shorter calls and calls without dropout keep one SDPA call."""
+    import torch
+
+    import kernel_attention.backends.fused as fused
+
+    blocked = []
+    real = fused.chunked_smoother
+    monkeypatch.setattr(fused, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
+    n = fused.DROPOUT_BLOCKED_MIN_KEYS
+    for t, dropout, path in ((n - 1, 0.1, "one SDPA call"), (n, 0.0, "one SDPA call"),
+                             (n, 0.1, f"from {n} keys on, blocks are faster")):
+        q, k, v = (torch.randn(1, 1, t, 4) for _ in range(3))
+        blocked.clear()
+        why = explain(q, k, v, "exp", "causal", dropout_p=dropout).reasons["fused"]
+        out = attention(q, k, v, "exp", "causal", dropout_p=dropout)
+        assert path in why and bool(blocked) == (path != "one SDPA call"), (t, dropout, why)
+        assert torch.isfinite(out).all()
+
+
 def test_attention_takes_the_backend_explain_names():
     """attention() skips gathering reasons (explain=False); it must still pick what explain reports."""
     from kernel_attention.backends import choose

@@ -13,6 +13,10 @@ minimum over ``--repeats`` runs after one warm-up.  Ratios are to SDPA with the 
 timed *in the same process, interleaved with the cell* (so that a change of load on a shared machine
 hits both alike): plain SDPA for the full filter, ``is_causal`` SDPA for causal filters, SDPA with the
 bool mask for other filters.  The SDPA rows of the table are separate cells, for reference.
+
+``--dropout P`` times training-shaped calls: dropout P on the weights for every backend and for the SDPA
+baseline alike (which on the CPU takes SDPA's math path: its flash kernel has no dropout).  The kernels
+run in training mode in any case, so a kernel with magnitude dropout (``ikan:official=true``) draws it.
 """
 
 from __future__ import annotations
@@ -89,8 +93,10 @@ def run_cell(cell: dict) -> dict:
         from kernel_attention.filters import make_filter
         mask = make_filter(filt).mask(t, t, dev)
 
+    drop = cell.get("dropout", 0.0)
+
     def sdpa():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=drop)
     if backend == "sdpa":
         fn = sdpa
         params = []
@@ -104,7 +110,8 @@ def run_cell(cell: dict) -> dict:
 
         def fn():
             with validation(cell.get("checks", True)):
-                return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=backend)
+                return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=backend,
+                                 dropout_p=drop)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
@@ -247,6 +254,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--filters", nargs="+", help="filters: full, causal, local (window 128) or any filter spec")
     p.add_argument("--backends", nargs="+", help="backends to time (default: dense and the fast ones that apply)")
     p.add_argument("--no-dense-above", type=int, default=None, help="skip dense for T above this")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout on the weights, for every backend and the SDPA baseline (default 0)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -270,7 +279,7 @@ def run(args) -> int:
     started = time.time()
     for t in args.T:
         common = dict(T=t, B=args.B, H=args.H, D=args.D, threads=threads, device=args.device, dtype=dtype,
-                      checks=not args.no_checks,
+                      checks=not args.no_checks, dropout=args.dropout,
                       repeats=args.repeats if t < 4096 else max(1, args.repeats - 1))
         for filt in dict.fromkeys(f for _, _, f in variants):
             cell = dict(common, kernel="exp", position="none", filter=filt, backend="sdpa")
@@ -300,7 +309,8 @@ def _write(args, results: list[Result], threads: int, dtype: str, started: float
         cmd = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
         with open(args.out, "w") as f:
             f.write(f"Command: `{cmd}`\n\nMachine: {machine(threads)}\n\nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-                    f"wall time {time.time() - started:.0f} s, dtype {dtype}, B={args.B}, H={args.H}, D={args.D}\n\n")
+                    f"wall time {time.time() - started:.0f} s, dtype {dtype}, B={args.B}, H={args.H}, D={args.D}, "
+                    f"dropout {args.dropout:g}\n\n")
             f.write(text + "\n")
         with open(args.out + ".json", "w") as f:
             json.dump([dataclasses.asdict(r) for r in results], f, indent=1)

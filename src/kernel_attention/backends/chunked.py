@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import pad_last, sum_to
+from kernel_attention.dropout import keep_mask
 
 __all__ = ["ChunkSpec", "plan_blocks", "chunked_smoother"]
 
@@ -113,10 +114,8 @@ def _logits(spec, qf, kf, rows, cols, bias):
 
 def _dropout_mask(spec: ChunkSpec, i: int, like: Tensor) -> Tensor:
     """The block's dropout multiplier, regenerated identically in the backward pass."""
-    gen = torch.Generator(device=like.device)
-    gen.manual_seed(spec.seed + i)
-    keep = torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype) >= spec.dropout_p
-    return keep.to(like.dtype) / (1.0 - spec.dropout_p)
+    keep = keep_mask(like.shape, spec.dropout_p, spec.seed + i, like.device)
+    return keep.to(like.dtype).mul_(1.0 / (1.0 - spec.dropout_p))
 
 
 class _Sliced:

@@ -80,6 +80,8 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
         return None, "positional terms enter log k"
     if p.dropout_p > 0:
         return None, "dropout acts on the soft-max weights"
+    if getattr(p.kernel, "drops_magnitude", False):
+        return None, "magnitude dropout acts on each pair's log k"
     if p.q.dtype not in DTYPES:
         return None, f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
     m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep)
