@@ -248,8 +248,9 @@ def _build_reg(opts: StudyOptions):
         shrink.append(f"splits: the first {splits} of the 10 random 90/10 splits")
     if small:
         shrink += _describe(SMALL_REG, "regression")
-        shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells take about 5 min (Transformer) "
-                      "and 25 min (IKAN-direct, MIKAN) each on a 2-core CPU, one thread, the rest under 2 min")
+        shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells took 8-11 min (Transformer) and "
+                      "26-31 min (IKAN-direct, MIKAN) each, two study processes side by side on a 2-core CPU, one "
+                      "thread each; the other columns' cells under 2 min")
     return cells, shrink
 
 
