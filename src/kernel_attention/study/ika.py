@@ -219,9 +219,8 @@ _P_DS = "housing"
 def _build_reg(opts: StudyOptions):
     small = opts.scale == "small"
     splits = opts.seeds or (3 if small else 10)
-    datasets = [d for d, _ in _REG_DS]
     cells = []
-    for ds in datasets:
+    for ds, _ in _REG_DS:
         for rid, _ in _REG_ROWS:
             base = load_paper_config(f"implicit_kernel_attention/table4/{ds}_{rid}.yaml")
             base.pop("run", None)
@@ -248,7 +247,7 @@ def _build_reg(opts: StudyOptions):
         shrink.append(f"splits: the first {splits} of the 10 random 90/10 splits")
     if small:
         shrink += _describe(SMALL_REG, "regression")
-        shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells took 8-11 min (Transformer) and "
+        shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells took 9-11 min (Transformer) and "
                       "26-31 min (IKAN-direct, MIKAN) each, two study processes side by side on a 2-core CPU, one "
                       "thread each; the other columns' cells under 2 min")
     return cells, shrink
