@@ -202,7 +202,7 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
         def f(r, c, q, k, fq, fk, *ab):
             sim = torch.matmul(fq[..., r, :], fk[..., c, :].transpose(-1, -2))
             out = torch.addcmul(sim.new_full((), self.eps), sim, sim).log()
-            return out if mag is None else out + mag(r, c, ab[0][..., r, :], ab[1][..., c, :])
+            return out if mag is None else out + mag(r, c, *ab)
         f.sliced_args = ["rows", "cols"] + ["rows", "cols"][:len(ab)]
         return [fq, fk] + ab, f
 

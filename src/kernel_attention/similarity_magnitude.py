@@ -65,9 +65,10 @@ class SimilarityMagnitudeKernel(Kernel):
 
     def block_magnitude(self, q: Tensor, k: Tensor) -> tuple[list[Tensor], Callable]:
         """``([a, b], mag)`` for :meth:`blockwise`: a = ||q||_p^2 / denom (B, H, Tq, 1) and b the keys' (B, H,
-        Tk, 1), both over 1 - p while magnitude dropout applies, and ``mag(rows, cols, a[rows], b[cols])`` the
-        block's log magnitude a + b^T with :meth:`log_kernel`'s dropout, (B, H, |rows|, |cols|); ``([], None)``
-        without a magnitude.  The vectors carry the scale, so a block costs one add (and one select).
+        Tk, 1), both over 1 - p while magnitude dropout applies, and ``mag(rows, cols, a, b)`` the block's log
+        magnitude a[rows] + b[cols]^T with :meth:`log_kernel`'s dropout, (B, H, |rows|, |cols|) (it indexes a and
+        b itself, so they are declared "rows" and "cols" in ``f.sliced_args``); ``([], None)`` without a
+        magnitude.  The vectors carry the scale, so a block costs one add (and one select).
 
         The dropout mask (:func:`kernel_attention.dropout.keep_mask`) comes from a generator seeded by this
         call (one draw from the global generator, so ``torch.manual_seed`` fixes it) and by the block's first
@@ -79,12 +80,12 @@ class SimilarityMagnitudeKernel(Kernel):
         drop = self.magnitude_dropout if self.drops_magnitude else 0.0
         scale = 1.0 / (self.denom(q.shape[-1]) * (1.0 - drop))
         a, b = (lp_norm_sq(x, self.p).mul(scale).unsqueeze(-1) for x in (q, k))
-        if not drop:
-            return [a, b], lambda r, c, a, b: a + b.transpose(-1, -2)
-        seed = int(torch.randint(0, 2 ** 62, (1,)))
+        seed = int(torch.randint(0, 2 ** 62, (1,))) if drop else 0
 
         def mag(r: slice, c: slice, a: Tensor, b: Tensor) -> Tensor:
-            m = a + b.transpose(-1, -2)
+            m = a[..., r, :] + b[..., c, :].transpose(-1, -2)
+            if not drop:
+                return m
             keep = keep_mask(m.shape, drop, block_seed(seed, r.start, c.start), m.device)
             return torch.where(keep, m, m.new_zeros(()))
         return [a, b], mag
@@ -103,7 +104,7 @@ class SimilarityMagnitudeKernel(Kernel):
 
         def f(r, c, q, k, *st):
             out = self.log_similarity(q[..., r, :], k[..., c, :], list(st[:n]) if n else None)
-            return out if mag is None else out + mag(r, c, st[n][..., r, :], st[n + 1][..., c, :])
+            return out if mag is None else out + mag(r, c, *st[n:])
         f.sliced_args = [None] * n + ["rows", "cols"][:len(ab)]
         return state + ab, f
 
