@@ -248,16 +248,21 @@ def test_blockwise_magnitude_dropout_is_per_block_and_redrawn(spec):
     assert torch.allclose(f(rows, cols, q, k, *state), (sim + mag)[..., rows, cols], atol=1e-9)
 
 
-def test_magnitude_dropout_trains_on_the_blocked_path():
+def test_magnitude_dropout_trains_on_the_blocked_path(monkeypatch):
     """In training the official kernels run on fused's blocked path (no (Tq, Tk) mask kept), with gradients
-    that match finite differences when the seed is fixed, i.e. the backward pass redraws each block's mask."""
+    that match finite differences when the seed is fixed, i.e. the backward pass redraws each block's mask.
+    ``auto`` takes that path above DROPOUT_BLOCKED_ELEMENTS (B, H, Tq, Tk) elements (lowered here)."""
+    import kernel_attention.backends.fused as fused
+
+    monkeypatch.setattr(fused, "DROPOUT_BLOCKED_ELEMENTS", 48 * 48)
     kern = ka.make_kernel("ikan-direct:official=true,p=3.0", n_heads=1, d_head=4).double().train()
     q, k, v = (torch.randn(1, 1, 48, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     why = ka.explain(q, k, v, kern, "causal", backend="fused:block=1024")
     assert "blocked SDPA, 3 blocks" in why.reasons["fused"] and "magnitude dropout" in why.reasons["fused"]
-    short = ka.explain(q, k, v, kern, "causal")             # auto: dense below 1024 keys on the CPU
+    short = ka.explain(q, k, v, kern, "causal")             # auto: dense up to the threshold on the CPU
     assert short.name == "dense" and "magnitude dropout" in short.reasons["dense"]
-    x = torch.randn(1, 1, 1024, 4, dtype=torch.float64)
+    assert "(here 2304)" in short.reasons["dense"]
+    x = torch.randn(1, 1, 49, 4, dtype=torch.float64)
     assert ka.explain(x, x, x, kern, "causal").name == "fused"
 
     def f(q, k, v):

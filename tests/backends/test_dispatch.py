@@ -102,9 +102,10 @@ def test_fused_describes_the_path_it_runs(monkeypatch):
         assert path in why and bool(blocked) == (dropout > 0), (dropout, why)
 
 
-def test_long_sequences_with_dropout_leave_sdpa_math_path_on_cpu(monkeypatch):
-    """SDPA's CPU flash kernel takes no dropout, so from DROPOUT_BLOCKED_MIN_KEYS keys on a call with dropout
-    runs (and says it runs) on the blocked path; shorter calls and calls without dropout keep one SDPA call."""
+def test_large_calls_with_dropout_leave_sdpa_math_path_on_cpu(monkeypatch):
+    """SDPA's CPU flash kernel takes no dropout, so above DROPOUT_BLOCKED_ELEMENTS (B, H, Tq, Tk) elements a
+    call with dropout runs (and says it runs) on the blocked path; smaller calls and calls without dropout keep
+    one SDPA call.  The threshold is lowered so that the test runs on small tensors; the rule counts the batch."""
     import torch
 
     import kernel_attention.backends.fused as fused
@@ -112,14 +113,15 @@ def test_long_sequences_with_dropout_leave_sdpa_math_path_on_cpu(monkeypatch):
     blocked = []
     real = fused.chunked_smoother
     monkeypatch.setattr(fused, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
-    n = fused.DROPOUT_BLOCKED_MIN_KEYS
-    for t, dropout, path in ((n - 1, 0.1, "one SDPA call"), (n, 0.0, "one SDPA call"),
-                             (n, 0.1, f"from {n} keys on, blocks are faster")):
-        q, k, v = (torch.randn(1, 1, t, 4) for _ in range(3))
+    monkeypatch.setattr(fused, "DROPOUT_BLOCKED_ELEMENTS", 48 * 48)
+    for b, t, dropout, path in ((1, 48, 0.1, "one SDPA call"), (1, 49, 0.0, "one SDPA call"),
+                                (1, 49, 0.1, "above 2304 (B, H, Tq, Tk) elements (here 2401), blocks are faster"),
+                                (2, 34, 0.1, "above 2304 (B, H, Tq, Tk) elements (here 2312), blocks are faster")):
+        q, k, v = (torch.randn(b, 1, t, 4) for _ in range(3))
         blocked.clear()
         why = explain(q, k, v, "exp", "causal", dropout_p=dropout).reasons["fused"]
         out = attention(q, k, v, "exp", "causal", dropout_p=dropout)
-        assert path in why and bool(blocked) == (path != "one SDPA call"), (t, dropout, why)
+        assert path in why and bool(blocked) == (path != "one SDPA call"), (b, t, dropout, why)
         assert torch.isfinite(out).all()
 
 

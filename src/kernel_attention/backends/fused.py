@@ -12,8 +12,8 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
   key bias; ``periodic`` as Fourier features), the positional factor is absent or an inner product
   (``product``: its features are concatenated), and the filter is full, causal or padding.
   On the CPU, ``product`` positions shared by the batch go to the sliced path instead (below), and so
-  do calls with dropout from ``DROPOUT_BLOCKED_MIN_KEYS`` keys on to the blocked path (SDPA's CPU flash
-  kernel takes no dropout; its math path forms the (Tq, Tk) weights whole).
+  do calls with dropout of more than ``DROPOUT_BLOCKED_ELEMENTS`` (B, H, Tq, Tk) elements to the blocked
+  path (SDPA's CPU flash kernel takes no dropout; its math path forms the (Tq, Tk) weights whole).
 * **banded** -- Shaw's clipped table (Eq. 6) under a full or causal filter: keys farther than the clip
   share one bias per row, so they run on SDPA without a mask (per block of rows, the key ranges before
   and after its window; causal: one causal call on the shifted sequences), and only the keys within
@@ -38,9 +38,10 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
   that is not Toeplitz, dense float biases, kernels with only ``log_kernel`` such as ``rbf-only`` or the
   implicit kernels off the squared path -- their magnitude dropout drawn per block,
   :meth:`SimilarityMagnitudeKernel.block_magnitude` --, sparse filters with other terms, dropout with a
-  value term or on long sequences, and the sliced path's cases with ``sliced=false``): query rows are
-  processed in blocks with b formed per block (:mod:`kernel_attention.backends.blocked`) and recomputed
-  in the backward pass (:mod:`kernel_attention.backends.chunked`), so extra memory grows as rows x Tk.
+  value term or above ``DROPOUT_BLOCKED_ELEMENTS``, and the sliced path's cases with ``sliced=false``):
+  query rows are processed in blocks with b formed per block (:mod:`kernel_attention.backends.blocked`)
+  and recomputed in the backward pass (:mod:`kernel_attention.backends.chunked`), so extra memory grows as
+  rows x Tk.
   Sparse filters skip the keys outside each block's span (a local window costs a band, not a square).
 
 On CUDA the same decomposition can run on FlexAttention (:mod:`kernel_attention.backends.flex`) where
@@ -80,19 +81,18 @@ DENSE_PREFERRED_ELEMENTS = 1 << 27
 #: at the main job's B=64, H=4, D=8, T=8: 18.0 ms against 3.1 ms.
 SLICED_MIN_KEYS = 256
 
-#: Keys from which ``auto`` runs a kernel with magnitude dropout (the implicit kernels' ``official`` form, in
-#: training) on fused's blocked path rather than on dense, on the CPU.  Measured fwd+bwd, ``ikan-direct``
-#: with ``official=true`` and attention dropout 0.1, H=8, D=8, one thread, blocked / dense: 1.18-1.22x at
-#: B=50, T=60 and 100 (IKA Table 2's sentences), 1.39x at B=1, T=506, 1.21x at 768, 1.19x at 900, 0.65x at
-#: 1030 and 2048, 0.35x at 5875 (IKA Table 4's Parkinsons: 39.6 s -> 14.0 s).
-MAGNITUDE_DROPOUT_MIN_KEYS = 1024
-
-#: Keys from which, on the CPU, a call with dropout leaves the one-call path for the blocked one.  SDPA's CPU
-#: flash kernel takes no dropout, so such a call runs on its math path, which forms the (Tq, Tk) weights
-#: whole.  Measured fwd+bwd, ``exp`` with dropout 0.1, one thread, blocked / one call: 1.27x at B=4, H=8,
-#: D=64, T=1024; 0.86x at B=1, H=8, D=64, T=2048; 0.93x at B=4, H=8, T=2048; 0.62x at B=1, H=4, D=16,
-#: T=2900; 0.45x at T=5875 (IKA Table 4's Parkinsons Transformer: 6.07 s -> 2.72 s).
-DROPOUT_BLOCKED_MIN_KEYS = 2048
+#: (B, H, Tq, Tk) elements above which, on the CPU, a call with dropout runs on the blocked path: one with a
+#: one-call form (SDPA's CPU flash kernel takes no dropout, so such a call runs on its math path, which forms
+#: the (Tq, Tk) weights whole), and a kernel that draws magnitude dropout (the implicit kernels' ``official``
+#: form in training, which ``auto`` otherwise runs on dense).  At or below it, forming the weights whole is
+#: the faster way; above it (float32 weights over 128 MiB) the blocks are.  Measured by the benchmark (heap
+#: malloc as the CLI sets it, one thread, fwd+bwd; docs/benchmarks.md, "training calls"):
+#: ``ikan-direct:official=true,p=3.0`` with dropout 0.1, H=8, D=8, blocked / dense: 1.17x at B=50, T=100;
+#: 1.09x at B=1, T=1030 and 2048 (2^25 elements), 1.25x at B=4, T=1024 (2^25); 0.54x at B=1, T=2500, 0.50x
+#: at 2900, 0.40x at 4096.  ``exp`` with dropout 0.1, blocked / one SDPA call: 1.18x at B=1, H=4, D=16,
+#: T=2048; 1.20x at B=1, H=8, D=64, T=2048 (2^25); 1.01x at H=4, T=2900; 0.64x at 4096; 0.48x at B=4, H=8,
+#: D=64, T=2048; 0.57x at B=32, H=8, D=64, T=512.
+DROPOUT_BLOCKED_ELEMENTS = 1 << 25
 
 
 @dataclasses.dataclass
@@ -108,7 +108,7 @@ class Route:
     is_causal: bool = False         #: direct: SDPA's causal flag
     squared: str | None = ""        #: None on the squared path, else why not ("": the kernel has no such form)
     key_log: Tensor | None = None   #: squared: the per-key log factor, -inf at keys no query keeps
-    long_dropout: bool = False      #: blocked although one SDPA call would do: dropout, Tk >= DROPOUT_BLOCKED_MIN_KEYS
+    large_dropout: bool = False     #: blocked although one SDPA call would do: dropout, > DROPOUT_BLOCKED_ELEMENTS
 
 
 @BACKENDS.register("fused", [
@@ -181,8 +181,8 @@ class FusedBackend(Backend):
 
         On the CPU the same holds for what the sliced path runs but below its ``SLICED_MIN_KEYS`` keys
         (:meth:`_sliced_but_short`): dense 15-20% faster than the blocked path there, fwd+bwd (``xl`` 20.4 / 23.4
-        ms at T=128, B=4, H=8, D=64; docs/benchmarks.md), and for a kernel that draws magnitude dropout below
-        ``MAGNITUDE_DROPOUT_MIN_KEYS`` keys (dense up to 1.4x faster there).  Otherwise the blocked path is
+        ms at T=128, B=4, H=8, D=64; docs/benchmarks.md), and for a kernel that draws magnitude dropout up to
+        ``DROPOUT_BLOCKED_ELEMENTS`` elements (dense 1.1-1.25x faster there).  Otherwise the blocked path is
         faster on the CPU for ``xl`` and ``rbf-only``; for the implicit kernels the two trade places with the
         size and filter.  ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
         b, h, tq, tk = p.shape
@@ -190,10 +190,10 @@ class FusedBackend(Backend):
         if p.need_weights or n > DENSE_PREFERRED_ELEMENTS:
             return None
         if (device or p.q.device.type) != "cuda":  # the cheap tests first: attention() asks this on every call
-            if getattr(p.kernel, "drops_magnitude", False) and tk < MAGNITUDE_DROPOUT_MIN_KEYS:
+            if getattr(p.kernel, "drops_magnitude", False) and n <= DROPOUT_BLOCKED_ELEMENTS:
                 return (f"on the CPU, kernel {p.kernel.name!r} draws magnitude dropout (training), which "
-                        f"fused's blocked path draws per block; below {MAGNITUDE_DROPOUT_MIN_KEYS} keys "
-                        f"(Tk={tk}) dense was faster; pass backend='fused' to use it")
+                        f"fused's blocked path draws per block; dense was faster up to {DROPOUT_BLOCKED_ELEMENTS} "
+                        f"(B, H, Tq, Tk) elements (here {n}); pass backend='fused' to use it")
             if not self._sliced_but_short(p) or not self._direct_mask(p)[0]:
                 return None
             what = ("product's positions shared by the batch" if t.q_feat is not None
@@ -244,8 +244,9 @@ class FusedBackend(Backend):
 
     def _dropout_blocked(self, p: Problem) -> bool:
         """Whether a call with dropout goes to the blocked path although it has a one-call form: on the CPU
-        from ``DROPOUT_BLOCKED_MIN_KEYS`` keys on."""
-        return p.dropout_p > 0 and p.q.device.type == "cpu" and p.shape[3] >= DROPOUT_BLOCKED_MIN_KEYS
+        above ``DROPOUT_BLOCKED_ELEMENTS`` (B, H, Tq, Tk) elements."""
+        b, h, tq, tk = p.shape
+        return p.dropout_p > 0 and p.q.device.type == "cpu" and b * h * tq * tk > DROPOUT_BLOCKED_ELEMENTS
 
     def _route(self, p: Problem) -> Route:
         """The path of ``p``, in the order the module docstring lists them.  A key bias has a one-call
@@ -258,8 +259,8 @@ class FusedBackend(Backend):
                                           or t.key_bias is not None)
         ok, mask, is_causal = (False, None, False) if additive or shared or layout is None else self._direct_mask(p)
         one_call = ok and (layout == "features" or (p.dropout_p == 0 and p.q.device.type == "cpu"))
-        long_dropout = one_call and self._dropout_blocked(p)
-        one_call = one_call and not long_dropout
+        large_dropout = one_call and self._dropout_blocked(p)
+        one_call = one_call and not large_dropout
         if p.q.device.type == "cuda" and self.flex and layout is not None and not one_call:
             from kernel_attention.backends.flex import flex_why_not
 
@@ -284,7 +285,7 @@ class FusedBackend(Backend):
             return Route("blocked", squared=why)
         if shared and self.sliced and long and not additive:
             return Route("sliced", shared=True)
-        return Route("blocked", shared, long_dropout=long_dropout)
+        return Route("blocked", shared, large_dropout=large_dropout)
 
     def describe(self, p: Problem) -> str:
         from kernel_attention.backends.fused_describe import describe_route

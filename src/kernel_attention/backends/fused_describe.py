@@ -54,9 +54,10 @@ def describe_route(backend: FusedBackend, p: Problem, route: Route) -> str:
     if (route.path == "blocked" and p.kernel.sdpa_layout(backend.key_bias) == "bias"
             and (p.dropout_p > 0 or p.q.device.type != "cpu")):
         why.append("the key bias has a one-call form only on the CPU without dropout")
-    if route.long_dropout:
-        why.append(f"with dropout, SDPA on the CPU forms the (Tq, Tk) weights whole; from "
-                   f"{fused.DROPOUT_BLOCKED_MIN_KEYS} keys on, blocks are faster")
+    if route.large_dropout:
+        why.append(f"with dropout, SDPA on the CPU forms the (Tq, Tk) weights whole; above "
+                   f"{fused.DROPOUT_BLOCKED_ELEMENTS} (B, H, Tq, Tk) elements (here {b * h * tq * tk}), "
+                   f"blocks are faster")
     if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
         why.append("relative positions add a gathered (rows, Tk) term per block")
     if backend._sliced_but_short(p):
