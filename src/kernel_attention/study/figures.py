@@ -105,7 +105,7 @@ def similarity_magnitude(path: Path, series: dict[str, list[tuple[float, float, 
 
 def p_histograms(path: Path, weights: dict[float, Any], errors: dict[float, list[float]], metric: str) -> str:
     """Left: histogram of attention weights for each p in ``weights``; right: ``metric`` against p."""
-    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3))
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3), layout="constrained")  # the right panel's label clears the left
     for p, w in sorted(weights.items()):
         axes[0].hist(w.reshape(-1).numpy(), bins=60, alpha=0.55, label=f"p = {p:g}", log=True)
     axes[0].set_xlabel("attention weight")
@@ -113,9 +113,10 @@ def p_histograms(path: Path, weights: dict[float, Any], errors: dict[float, list
     axes[0].legend(fontsize=7)
     ps = sorted(errors)
     means = [sum(errors[p]) / len(errors[p]) for p in ps]
-    axes[1].plot(ps, means, marker="o")
-    for p in ps:
-        axes[1].scatter([p] * len(errors[p]), errors[p], s=8, color="grey")
+    axes[1].plot(ps, means, marker="o", label="mean")
+    for i, p in enumerate(ps):
+        axes[1].scatter([p] * len(errors[p]), errors[p], s=8, color="grey", label=None if i else "one run")
+    axes[1].legend(fontsize=7)
     axes[1].set_xscale("log")
     axes[1].set_xlabel("p")
     axes[1].set_ylabel(metric)
