@@ -288,7 +288,7 @@ class FusedBackend(Backend):
         return Route("blocked", shared, large_dropout=large_dropout)
 
     def describe(self, p: Problem) -> str:
-        from kernel_attention.backends.fused_describe import describe_route
+        from kernel_attention.backends.fused_describe import describe_route  # it imports this module
 
         return describe_route(self, p, self._route(p))
 
