@@ -146,3 +146,32 @@ def test_mixed_precision_on_cuda_resumes_exactly(tmp_path, precision):
     b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(math.isfinite(r["loss"]) for r in _records(tmp_path / "full") if r["split"] == "train")
+
+
+def test_time_based_checkpoint_bounds_what_a_kill_loses(tmp_path, monkeypatch):
+    """With no checkpoint_every (as the papers' configs), last.pt is still written once checkpoint_minutes have
+    passed since the last write, so a kill loses at most that much; resuming from it is exact."""
+    import kernel_attention.training.loop as loop
+
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "time", lambda: clock[0])
+
+    class Ticking(ToyTask):  # one minute per update
+        def loss(self, model, batch):
+            clock[0] += 60.0
+            return super().loss(model, batch)
+
+    cfg = dict(checkpoint_every=0, eval_every=0, accum_steps=1, max_steps=7)
+    full = Trainer(Ticking(), _cfg(**cfg), tmp_path / "full").fit()
+    killed = Trainer(Ticking(), _cfg(**cfg, checkpoint_minutes=2.5, stop_after=5), tmp_path / "part").fit()
+    assert killed["interrupted"] and load_checkpoint(tmp_path / "part" / "last.pt")["step"] == 3
+    off = Trainer(Ticking(), _cfg(**cfg, checkpoint_minutes=0, stop_after=5), tmp_path / "off").fit()
+    assert off["interrupted"] and not (tmp_path / "off" / "last.pt").exists()
+    resumed = Trainer(Ticking(), _cfg(**cfg, checkpoint_minutes=2.5), tmp_path / "part")
+    assert resumed.resumed_from == 3
+    assert resumed.fit()["best"] == full["best"]
+    a = load_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="checkpoint_minutes must be >= 0"):
+        TrainConfig(max_steps=1, checkpoint_minutes=-1)

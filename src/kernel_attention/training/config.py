@@ -35,6 +35,8 @@ class TrainConfig:
     log_every: int = 1                  # steps between "train" records
     eval_every: int = 0                 # steps between "valid" evaluations; 0 = only at the end
     checkpoint_every: int = 0           # steps between last.pt writes; 0 = only at the end
+    checkpoint_minutes: float = 10.0    # also write last.pt once this long has passed since the last write
+                                        # (checked on logged steps; 0 = off), so a kill loses at most that
     test_best: bool = True              # at the end, also evaluate best.pt on "test"
     progress: bool | None = None        # tqdm bar; None = only on a TTY, rank 0
     tensorboard: bool = False
@@ -48,6 +50,8 @@ class TrainConfig:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of ['adam', 'adamw']")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision {self.precision!r} is not one of ['fp32', 'bf16', 'fp16']")
+        if self.checkpoint_minutes < 0:
+            raise ValueError(f"checkpoint_minutes must be >= 0 (0 = off), got {self.checkpoint_minutes}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps must be >= 1, got {self.accum_steps}")
         self.betas = tuple(float(b) for b in self.betas)

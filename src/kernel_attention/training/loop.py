@@ -17,7 +17,9 @@ What one optimiser *step* (update) does, with ``n = accum_steps`` micro-batches 
 
 then, on multiples of ``log_every`` / ``eval_every`` / ``checkpoint_every`` steps: a ``train`` record in
 ``metrics.jsonl``, ``task.evaluate(model, "valid")`` (+ ``best.pt`` if it improved
-``task.metric_for_selection``), ``last.pt``.  Training stops at ``max_steps`` updates or after
+``task.metric_for_selection``), ``last.pt``; ``last.pt`` also on a logged step once ``checkpoint_minutes``
+have passed since it was last written (the ranks decide on their mean elapsed time, reduced with the
+train record, so that they all call the collective save together).  Training stops at ``max_steps`` updates or after
 ``max_epochs`` epochs, whichever comes first; then "valid" and "test" are evaluated, ``last.pt`` is
 written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
 
@@ -64,6 +66,9 @@ __all__ = ["Trainer", "TIMING_KEYS", "read_metrics"]
 
 #: keys of metrics.jsonl records that depend on wall-clock time (everything else is reproducible)
 TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
+
+#: the key under which the seconds since last.pt ride along with the train record's reduction (not logged)
+SINCE_SAVE = "_since_save_s"
 
 
 
@@ -150,6 +155,7 @@ class Trainer:
         if self.is_main:
             save_checkpoint(self.run_dir / name, self.state(rng))
         D.barrier()
+        self._saved_at = time.time()
 
     def _restore(self, ck: dict[str, Any]) -> None:
         self.raw_model.load_state_dict(ck["model"])
@@ -307,7 +313,7 @@ class Trainer:
         """Train until max_steps / max_epochs (or ``stop_after``); returns a summary dict with ``step``,
         ``epoch``, ``best``, ``final`` ({split: metrics}), ``best_test`` and ``interrupted``."""
         c = self.config
-        self._t0 = time.time()
+        self._t0 = self._saved_at = time.time()
         summary: dict[str, Any] = {"final": {}, "best_test": None, "interrupted": False}
         if self.finished and self._done():
             return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
@@ -332,8 +338,11 @@ class Trainer:
                     steps_since += 1
                     tokens_since += self._tokens
                     bar.update(1)
+                    since_save = None  # seconds since last.pt, the ranks' mean, on logged steps
                     if self.step % c.log_every == 0 or self._done():
-                        vals = D.all_reduce_mean({k: v / steps_since for k, v in acc.items()}, self.device)
+                        vals = D.all_reduce_mean({**{k: v / steps_since for k, v in acc.items()},
+                                                  SINCE_SAVE: time.time() - self._saved_at}, self.device)
+                        since_save = vals.pop(SINCE_SAVE)
                         dt = max(time.time() - t_last, 1e-9)
                         rate = {"steps_per_s": round(steps_since / dt, 3)}
                         if tokens_since:
@@ -346,7 +355,10 @@ class Trainer:
                         acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
                     if c.eval_every and self.step % c.eval_every == 0:
                         self._validate()
-                    if c.checkpoint_every and self.step % c.checkpoint_every == 0 and not self._done():
+                    due = bool(c.checkpoint_every) and self.step % c.checkpoint_every == 0
+                    due = due or (bool(c.checkpoint_minutes) and since_save is not None
+                                  and since_save >= 60 * c.checkpoint_minutes)
+                    if due and not self._done():
                         self.save()
                     if stop_after is not None and self.step >= stop_after:
                         summary["interrupted"] = True
