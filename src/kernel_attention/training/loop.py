@@ -19,9 +19,9 @@ then, on multiples of ``log_every`` / ``eval_every`` / ``checkpoint_every`` step
 ``metrics.jsonl``, ``task.evaluate(model, "valid")`` (+ ``best.pt`` if it improved
 ``task.metric_for_selection``), ``last.pt``; ``last.pt`` also on a logged step once ``checkpoint_minutes``
 have passed since it was last written (the ranks decide on their mean elapsed time, reduced with the
-train record, so that they all call the collective save together).  Training stops at ``max_steps`` updates or after
-``max_epochs`` epochs, whichever comes first; then "valid" and "test" are evaluated, ``last.pt`` is
-written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
+train record, so that they all call the collective save together).  Training stops at ``max_steps``
+updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and "test" are evaluated,
+``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
 "valid" | "test", <metrics>, "wall_s"}``; final records have ``"final": true``, the best checkpoint's test
@@ -69,7 +69,6 @@ TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
 
 #: the key under which the seconds since last.pt ride along with the train record's reduction (not logged)
 SINCE_SAVE = "_since_save_s"
-
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
