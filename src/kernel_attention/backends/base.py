@@ -48,6 +48,12 @@ class Problem:
         return self.q.shape[0], self.q.shape[1], self.q.shape[2], self.k.shape[2]
 
     @property
+    def pairs(self) -> int:
+        """B·H·Tq·Tk, the elements of dense's (B, H, Tq, Tk) tensors, which the size thresholds count."""
+        b, h, tq, tk = self.shape
+        return b * h * tq * tk
+
+    @property
     def causal(self) -> bool:
         """The filter is exactly the lower-right causal set (no padding, no other mask)."""
         return self.filter is not None and self.filter.kind == "causal" and self.key_mask is None

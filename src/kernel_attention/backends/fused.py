@@ -27,8 +27,8 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
   in Python.  Concatenated, ``product``'s features would double the head size of every product of the
   flash kernel, whose CPU version also pads v to that size (about 2x SDPA); as a (rows, Tk) term formed
   once per head and block for the whole batch it costs 1.1-1.3x with the compiled loops (measured,
-  docs/benchmarks.md).  At B = 1 nothing is shared and the one-call
-  form is kept; ``fused:shared_positions=false`` asks for it always.
+  docs/benchmarks.md).  At B = 1 nothing is shared and the one-call form is kept;
+  ``fused:shared_positions=false`` asks for it always.
 * **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
   ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and
   normalised as k / sum k -- the same soft-max of log k without a logarithm and an exponential per
@@ -101,7 +101,7 @@ class Route:
     :meth:`FusedBackend.run` and :meth:`FusedBackend.describe` decide once per call."""
 
     path: str                       #: "flex", "banded", "sliced", "direct", "squared" or "blocked"
-    shared: bool = False            #: ``product`` positions as a per-block mask (:meth:`FusedBackend._shared_positions`)
+    shared: bool = False            #: ``product`` positions as a per-block mask (FusedBackend._shared_positions)
     clip: int | None = None         #: banded: Shaw's clip c
     base: int | None = None         #: sliced: the Toeplitz base of the relative index
     mask: Tensor | None = None      #: direct: SDPA's float mask
@@ -119,9 +119,11 @@ class Route:
           doc="elements of one (B, H, rows, Tk) block on the blocked and sliced paths (default: 2^23 on CPU, 2^25 on "
               "CUDA; the sliced path's default is 2^20 per (rows, Tk) slice)"),
     Param("flex", bool, True, doc="on CUDA, run biases and sparse filters on FlexAttention"),
-    Param("banded", bool, True, doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
+    Param("banded", bool, True,
+          doc="on CPU, run Shaw's clipped table as SDPA on the keys beyond the clip plus an explicit band"),
     Param("shared_positions", bool, True,
-          doc="on CPU, product positions shared by a batch of B > 1 as a per-block mask instead of concatenated features"),
+          doc="on CPU, product positions shared by a batch of B > 1 as a per-block mask instead of concatenated "
+              "features"),
     Param("sliced", bool, True,
           doc="on CPU, Transformer-XL's relative term and product positions shared by the batch with the backward "
               "per (head, block, batch element) slice instead of per block of all slices (the blocked path)"),
@@ -144,8 +146,8 @@ class FusedBackend(Backend):
         small blocks leave it launch-bound: 4x the CPU's budget there (at B=4, H=8, T=4096, 256 rows, a
         (B, H, rows, Tk) block 1/16 of the (T, T) tensors of dense).  The same larger budget serves
         ``product`` positions shared by the batch on the CPU (with ``sliced=false``): at T=4096 its full
-        filter went from 1.80x to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where ``xl`` gained
-        in one filter and lost in the other, so the CPU default stays for the rest.  ``shared``: whether
+        filter went from 1.80x to 1.58x SDPA with 256-row blocks instead of 64 (causal 1.46x either way), where
+        ``xl`` gained in one filter and lost in the other, so the CPU default stays for the rest.  ``shared``: whether
         ``p`` runs in that form (:meth:`_shared_positions`)."""
         large = p.q.device.type == "cuda" or shared
         budget = self.block or (LARGE_BLOCK_ELEMENTS if large else BLOCK_ELEMENTS)
@@ -185,8 +187,7 @@ class FusedBackend(Backend):
         ``DROPOUT_BLOCKED_ELEMENTS`` elements (dense 1.1-1.25x faster there).  Otherwise the blocked path is
         faster on the CPU for ``xl`` and ``rbf-only``; for the implicit kernels the two trade places with the
         size and filter.  ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
-        b, h, tq, tk = p.shape
-        n, t = b * h * tq * tk, p.terms
+        n, t = p.pairs, p.terms
         if p.need_weights or n > DENSE_PREFERRED_ELEMENTS:
             return None
         if (device or p.q.device.type) != "cuda":  # the cheap tests first: attention() asks this on every call
@@ -198,9 +199,10 @@ class FusedBackend(Backend):
                 return None
             what = ("product's positions shared by the batch" if t.q_feat is not None
                     else "Transformer-XL's relative term")
-            return (f"on the CPU, {what} with Tk={tk} keys (below the sliced path's {SLICED_MIN_KEYS}) would run on "
-                    f"fused's blocked path, which dense was faster than at such lengths; its (B, H, Tq, Tk) tensors "
-                    f"have {n} elements (at most {DENSE_PREFERRED_ELEMENTS}); pass backend='fused' to use it")
+            return (f"on the CPU, {what} with Tk={p.shape[3]} keys (below the sliced path's {SLICED_MIN_KEYS}) "
+                    f"would run on fused's blocked path, which dense was faster than at such lengths; its "
+                    f"(B, H, Tq, Tk) tensors have {n} elements (at most {DENSE_PREFERRED_ELEMENTS}); pass "
+                    f"backend='fused' to use it")
         factors = t is not None and bool(t.relative_factors)
         if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
             return None
@@ -245,8 +247,7 @@ class FusedBackend(Backend):
     def _dropout_blocked(self, p: Problem) -> bool:
         """Whether a call with dropout goes to the blocked path although it has a one-call form: on the CPU
         above ``DROPOUT_BLOCKED_ELEMENTS`` (B, H, Tq, Tk) elements."""
-        b, h, tq, tk = p.shape
-        return p.dropout_p > 0 and p.q.device.type == "cpu" and b * h * tq * tk > DROPOUT_BLOCKED_ELEMENTS
+        return p.dropout_p > 0 and p.q.device.type == "cpu" and p.pairs > DROPOUT_BLOCKED_ELEMENTS
 
     def _route(self, p: Problem) -> Route:
         """The path of ``p``, in the order the module docstring lists them.  A key bias has a one-call

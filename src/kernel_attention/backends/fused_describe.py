@@ -56,7 +56,7 @@ def describe_route(backend: FusedBackend, p: Problem, route: Route) -> str:
         why.append("the key bias has a one-call form only on the CPU without dropout")
     if route.large_dropout:
         why.append(f"with dropout, SDPA on the CPU forms the (Tq, Tk) weights whole; above "
-                   f"{fused.DROPOUT_BLOCKED_ELEMENTS} (B, H, Tq, Tk) elements (here {b * h * tq * tk}), "
+                   f"{fused.DROPOUT_BLOCKED_ELEMENTS} (B, H, Tq, Tk) elements (here {p.pairs}), "
                    f"blocks are faster")
     if p.terms is not None and (p.terms.relative or p.terms.relative_factors):
         why.append("relative positions add a gathered (rows, Tk) term per block")
