@@ -11,7 +11,7 @@ import torch
 from _common import DT, close, padding_mask, run
 
 from kernel_attention.backends import native
-from kernel_attention.functional import explain
+from kernel_attention.functional import attention, explain
 
 # 300 query rows: a block of 256 and one of 44, and the first block's relative products in 128-row chunks
 # (256 rows against 300 keys)
@@ -186,3 +186,44 @@ def test_compiled_gradients_come_contiguous(python_loop):
     assert not loop[1].is_contiguous()  # the transposed accumulation this guards against
     for x, y in zip(compiled, loop):
         torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
+
+
+class _Spy:
+    """The compiled module, recording for each block call whether it was given kept logits (its last argument)."""
+
+    def __init__(self, module):
+        self.module, self.forward, self.backward = module, [], []
+
+    def block_forward(self, *args):
+        self.forward.append(args[-1] is not None)
+        return self.module.block_forward(*args)
+
+    def block_backward(self, *args):
+        self.backward.append(args[-1] is not None)
+        return self.module.block_backward(*args)
+
+
+@needs_build
+@pytest.mark.parametrize("position", ["xl", "product"])
+@pytest.mark.parametrize("filt", [None, "causal"])
+def test_kept_logits_equal_recomputed_ones(position, filt, monkeypatch):
+    """The forward keeps the (B, H, rows, cols) logits of the blocks that fit fused's ``kept`` budget, in order,
+    and their backward forms P from them: all blocks by default, only the 44-row one with kept=60000 (the first
+    block's 2·2·256·300 elements, or 2·2·256·256 causal, do not fit, the second's 2·2·44·300 do), none with 0.
+    Values and gradients equal dense's in each case; without gradients nothing is kept; explain counts them."""
+    spy = _Spy(native.sliced(DT))
+    monkeypatch.setattr(native, "sliced", lambda dtype: spy)
+    ref = run("dense", "exp", position, filt, tq=T, tk=T)
+    for backend, keeps in (("fused", [True, True]), ("fused:kept=60000", [False, True]),
+                           ("fused:kept=0", [False, False])):
+        spy.forward.clear(), spy.backward.clear()
+        close(run(backend, "exp", position, filt, tq=T, tk=T), ref)
+        assert spy.forward == keeps and spy.backward == keeps, (backend, spy.forward, spy.backward)
+    q, k, v = (torch.randn(2, 2, T, 8, dtype=DT) for _ in range(3))
+    call = dict(terms=_terms(position, q, k), backend="fused:kept=60000")
+    spy.forward.clear()
+    with torch.no_grad():
+        attention(q, k, v, "exp", filt, **call)
+    assert spy.forward == [False, False], spy.forward
+    why = explain(q, k, v, "exp", filt, **call).reasons["fused"]
+    assert "the forward keeps the logits of 1 of the 2 blocks (kept=60000 elements)" in why, why

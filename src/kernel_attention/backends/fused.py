@@ -24,11 +24,13 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
   positions shared by a batch of B > 1.  Both passes run per (block of rows, head, batch element) slice,
   whose buffers stay in cache, as compiled loops (:mod:`kernel_attention.backends.native`, built on first
   use); without them the term is the flash kernel's mask in the forward pass and the backward's slices run
-  in Python.  Concatenated, ``product``'s features would double the head size of every product of the
-  flash kernel, whose CPU version also pads v to that size (about 2x SDPA); as a (rows, Tk) term formed
-  once per head and block for the whole batch it costs 1.1-1.3x with the compiled loops (measured,
-  docs/benchmarks.md).  At B = 1 nothing is shared and the one-call form is kept;
-  ``fused:shared_positions=false`` asks for it always.
+  in Python.  When training, the compiled forward keeps the logits of as many blocks as fit in
+  ``KEPT_LOGITS_ELEMENTS`` (``fused:kept=N``), whose backward then forms the weights from them instead of
+  recomputing the content product and the term's.  Concatenated, ``product``'s features would double the
+  head size of every product of the flash kernel, whose CPU version also pads v to that size (about 2x
+  SDPA); as a (rows, Tk) term formed once per head and block for the whole batch it costs 1.1-1.3x with
+  the compiled loops (measured, docs/benchmarks.md).  At B = 1 nothing is shared and the one-call form is
+  kept; ``fused:shared_positions=false`` asks for it always.
 * **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
   ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and
   normalised as k / sum k -- the same soft-max of log k without a logarithm and an exponential per
@@ -61,7 +63,8 @@ from kernel_attention.backends.banded import banded_clip, shaw_banded
 from kernel_attention.backends.blocked import blocked_spec
 from kernel_attention.backends.chunked import chunked_smoother, plan_blocks
 from kernel_attention.backends.keybias import KeyBiasSDPA
-from kernel_attention.backends.sliced import SLICE_ELEMENTS, SliceSpec, relative_base, sliced_smoother
+from kernel_attention.backends.sliced import (KEPT_LOGITS_ELEMENTS, SLICE_ELEMENTS, SliceSpec, relative_base,
+                                              sliced_smoother)
 from kernel_attention.backends.squared import squared_route, squared_smoother
 from kernel_attention.registry import Param
 
@@ -127,6 +130,10 @@ class Route:
     Param("sliced", bool, True,
           doc="on CPU, Transformer-XL's relative term and product positions shared by the batch with the backward "
               "per (head, block, batch element) slice instead of per block of all slices (the blocked path)"),
+    Param("kept", int, KEPT_LOGITS_ELEMENTS, check=lambda x: x >= 0, rule=">= 0",
+          doc="on CPU, (B, H, rows, Tk) elements of the sliced path's logits that the forward keeps for the "
+              "backward, which then forms the weights from them instead of recomputing two products (2^25: 128 MiB "
+              "in float32; 0 recomputes all)"),
     Param("squared", bool, True,
           doc="on CPU, the implicit kernels as k / sum k per block ((phi_q·phi_k)^2 + eps times a per-key factor) "
               "instead of a soft-max of log k"),
@@ -137,9 +144,11 @@ class FusedBackend(Backend):
     name = "fused"
 
     def __init__(self, key_bias: str = "features", block: int | None = None, flex: bool = True,
-                 banded: bool = True, shared_positions: bool = True, sliced: bool = True, squared: bool = True):
+                 banded: bool = True, shared_positions: bool = True, sliced: bool = True,
+                 kept: int = KEPT_LOGITS_ELEMENTS, squared: bool = True):
         self.key_bias, self.block, self.flex, self.banded = key_bias, block, flex, banded
         self.shared_positions, self.sliced, self.squared = shared_positions, sliced, squared
+        self.kept = kept
 
     def _rows(self, p: Problem, shared: bool) -> int:
         """Query rows per block of the blocked path.  A GPU runs one block as a handful of kernels, so
@@ -335,10 +344,11 @@ class FusedBackend(Backend):
         kb = [x for x in (key_bias, t.key_bias) if x is not None]
         kb = None if not kb else (kb[0] if len(kb) == 1 else kb[0] + kb[1]).to(qf.dtype)
         if route.shared:
-            spec = SliceSpec(scale=scale, keep=keep, blocks=blocks, term="shared")
+            spec = SliceSpec(scale=scale, keep=keep, blocks=blocks, term="shared", kept_elements=self.kept)
             return sliced_smoother(spec, qf, kf, p.v, kb, t.q_feat.to(qf.dtype), t.k_feat.to(qf.dtype))
         q_side, table, _ = t.relative_factors[0]
-        spec = SliceSpec(scale=scale, keep=keep, blocks=blocks, term="relative", base=route.base)
+        spec = SliceSpec(scale=scale, keep=keep, blocks=blocks, term="relative", base=route.base,
+                         kept_elements=self.kept)
         return sliced_smoother(spec, qf, kf, p.v, kb, q_side.to(qf.dtype), table.to(qf.dtype))
 
     def _blocked(self, p: Problem, qf, kf, scale, key_bias, shared: bool):

@@ -12,6 +12,7 @@ from kernel_attention.backends.base import Problem
 from kernel_attention.backends.chunked import plan_blocks
 from kernel_attention.backends import fused
 from kernel_attention.backends.fused import FusedBackend, Route, _has_form
+from kernel_attention.backends.sliced import kept_blocks
 
 __all__ = ["describe_route", "filter_note"]
 
@@ -40,6 +41,10 @@ def describe_route(backend: FusedBackend, p: Problem, route: Route) -> str:
         loop = ("both passes per (head, block, batch element) slice, compiled (backends/native.py)" if off is None
                 else "the flash kernel's mask in the forward pass, the backward per (head, block, batch element) "
                      f"slice, in Python (compiled loop: {off})")
+        if off is None:
+            keeps = kept_blocks(blocks, p.shape[0], p.shape[1], backend.kept)
+            loop += (f"; when training, the forward keeps the logits of {sum(keeps)} of the {len(keeps)} blocks "
+                     f"(kept={backend.kept} elements), whose backward then skips two products")
         return f"fused: {what}; {len(blocks)} blocks of {rows} query rows, {loop}{note}"
     b, h, tq, tk = p.shape
     rows = backend._rows(p, route.shared)

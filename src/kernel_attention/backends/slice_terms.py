@@ -33,6 +33,7 @@ class SliceSpec:
     blocks: list
     term: str
     base: int = 0
+    kept_elements: int = 0
 
 
 def _skew(x: Tensor, rows: int, cols: int) -> Tensor:

@@ -20,8 +20,12 @@ can be built, with the same products and each slice's elementwise steps fused in
 Python loops below are their fallback and reference.  **Forward**: compiled, per slice, the term plus b
 plus the content product, then the soft-max and its log-sum-exp (``block_forward``); in Python, the term
 plus b is the float mask of PyTorch's CPU flash kernel, which returns output and log-sum-exp -- per slice for
-``relative``, per block of all slices for ``shared`` (one (1, H, rows, cols) mask).  **Backward**, per slice,
-with δ_i = dO_i·O_i:
+``relative``, per block of all slices for ``shared`` (one (1, H, rows, cols) mask).  When gradients are
+needed, the compiled forward also keeps the logits s of the first blocks that fit in ``kept_elements``
+(B, H, rows, cols) elements (:func:`kept_blocks`; 2^25 by default, 128 MiB in float32), and their backward
+forms P from s without the content product and the term's (for ``xl``, two of a backward slice's eight
+products; at B=4, H=8, D=64, T=1024, fwd+bwd took 0.88-0.94x the time of recomputing them).  **Backward**, per
+slice, with δ_i = dO_i·O_i:
 
     P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - δ)
     dq' = scale · dS k',   dk'^T += scale · q'^T dS,   dv^T += dO^T P,   db_j += Σ_i dS_ij
@@ -44,6 +48,8 @@ filtered set is empty gets the flash kernel's zero output, and P = 0: zero gradi
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -52,7 +58,7 @@ from kernel_attention.backends.base import Problem, pad_last, sum_to
 from kernel_attention.backends.relative import toeplitz_base
 from kernel_attention.backends.slice_terms import TERMS, SharedTerm, SliceSpec, term_blocks
 
-__all__ = ["SliceSpec", "sliced_smoother", "relative_base", "SLICE_ELEMENTS"]
+__all__ = ["SliceSpec", "sliced_smoother", "relative_base", "kept_blocks", "SLICE_ELEMENTS", "KEPT_LOGITS_ELEMENTS"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -68,6 +74,11 @@ LOG2E = 1.4426950408889634
 SLICE_ELEMENTS = 1 << 24
 
 
+#: (B, H, rows, Tk) elements of logits per call that the compiled forward keeps for the backward (fused's
+#: ``kept``): a block whose logits are kept forms P from them, without the content product and the term's.
+KEPT_LOGITS_ELEMENTS = 1 << 25
+
+
 #: Rows per relative product in the compiled loops (:func:`rel_chunk_rows`); 0 runs each on the whole block.
 REL_CHUNK = 128
 
@@ -76,6 +87,18 @@ def rel_chunk_rows(n: int, m: int) -> int:
     """Rows per chunk of the compiled loops' relative products for a block of n rows and m keys: a block meets
     n + m - 1 distances (1.25x the keys at n = 256, m = 1024), a chunk of r rows m + r - 1."""
     return REL_CHUNK if 0 < REL_CHUNK < n and m < 8 * n else n
+
+
+def kept_blocks(blocks: list, b: int, h: int, budget: int) -> list[bool]:
+    """For each block that sees a key, in order: whether the compiled forward keeps its (B, H, rows, cols) logits
+    for the backward -- those that fit in what is left of ``budget`` elements (fused's ``kept``)."""
+    keeps = []
+    for r0, r1, lo, hi in blocks:
+        if hi > lo:
+            n = b * h * (r1 - r0) * (hi - lo)
+            keeps.append(n <= budget)
+            budget -= n if n <= budget else 0
+    return keeps
 
 
 def relative_base(p: Problem) -> int | None:
@@ -128,10 +151,11 @@ def _zero_keyless(spec: SliceSpec, x: Tensor) -> Tensor:
 
 
 def _backward_native(compiled, spec: SliceSpec, qf, kf, v, key_bias, gout, lse, delta, want_kb: bool, extras,
-                     grads) -> tuple:
+                     grads, kept: list) -> tuple:
     """The backward pass in the compiled loops: (dq', dk', dv, the key bias's gradient (B, H, Tk) or None);
     the term's gradients accumulate into ``grads``.  log2(e) and the scale are folded into the products' alpha,
-    the key bias and lse, so that forming P costs one pass."""
+    the key bias and lse, so that forming P costs one pass; a block whose logits the forward kept (``kept``, per
+    block or empty) forms P from them, without the content and term products."""
     b, h, tk = v.shape[0], v.shape[1], kf.shape[2]
     lse2 = lse * LOG2E
     kb2 = None if key_bias is None else key_bias * LOG2E
@@ -140,12 +164,12 @@ def _backward_native(compiled, spec: SliceSpec, qf, kf, v, key_bias, gout, lse, 
     dkb = qf.new_zeros(b, h, tk) if want_kb else None
     term_cls = TERMS[spec.term]
     whole = term_cls.whole(*extras, grads)
-    for blk in term_blocks(spec, extras, grads, whole):
+    for i, blk in enumerate(term_blocks(spec, extras, grads, whole)):
         term = blk.term
         compiled.block_backward(qf, kf, v, gout, lse2, delta, spec.scale, kb2, blk.drop,
                                 0 if blk.drop is None else blk.drop_cols.start, blk.r0, blk.r1, blk.lo, blk.hi,
                                 dq, dk, dv, dkb, term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m),
-                                term.native_inputs() + term.native_grads())
+                                term.native_inputs() + term.native_grads(), kept[i] if kept else None)
     term_cls.finish(whole, grads)
     return dq, dk, dv, dkb
 
@@ -190,6 +214,7 @@ class _Sliced(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: SliceSpec, qf, kf, v, key_bias, *extras):
         lse = v.new_zeros(*v.shape[:2], qf.shape[2])
+        kept = []  # per block: its logits (B, H, n, m) in base 2, kept for the backward, or None
         compiled = native.sliced(qf.dtype)
         if compiled is None:
             out = v.new_zeros(*v.shape[:2], qf.shape[2], v.shape[-1])
@@ -198,11 +223,14 @@ class _Sliced(torch.autograd.Function):
             out = _zero_keyless(spec, v.new_empty(*v.shape[:2], qf.shape[2], v.shape[-1]))
             kb2 = None if key_bias is None else key_bias * LOG2E
             whole = TERMS[spec.term].whole(*extras, None)
-            for blk in term_blocks(spec, extras, whole=whole):
+            keeps = kept_blocks(spec.blocks, *v.shape[:2], spec.kept_elements)
+            for blk, keep in zip(term_blocks(spec, extras, whole=whole), keeps):
+                x = v.new_empty(*v.shape[:2], blk.n, blk.m) if keep else None
+                kept.append(x)
                 compiled.block_forward(qf, kf, v, kb2, blk.drop, 0 if blk.drop is None else blk.drop_cols.start,
                                        blk.r0, blk.r1, blk.lo, blk.hi, spec.scale, out, lse,
-                                       blk.term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m), blk.term.native_inputs())
-        ctx.spec = spec
+                                       blk.term.NATIVE_ID, rel_chunk_rows(blk.n, blk.m), blk.term.native_inputs(), x)
+        ctx.spec, ctx.kept = spec, kept
         ctx.save_for_backward(qf, kf, v, key_bias, out, lse, *extras)
         return out
 
@@ -220,7 +248,7 @@ class _Sliced(torch.autograd.Function):
             dq, dk, dv, dkb = _backward_python(spec, qf, kf, v, key_bias, gout, lse, delta, want_kb, extras, grads)
         else:  # the same loop, compiled (backends/native.py)
             dq, dk, dv, dkb = _backward_native(compiled, spec, qf, kf, v, key_bias, gout, lse, delta, want_kb,
-                                               extras, grads)
+                                               extras, grads, ctx.kept)
         dkb = sum_to(dkb.unsqueeze(2), key_bias.shape) if want_kb else None
         return (None, dq, dk, dv, dkb, *term_cls.final(grads))
 
@@ -236,4 +264,7 @@ def sliced_smoother(spec: SliceSpec, qf: Tensor, kf: Tensor, v: Tensor, key_bias
         dt = torch.get_autocast_dtype(v.device.type)
         qf, kf, v, *extras = (x.to(dt) for x in (qf, kf, v, *extras))
         key_bias = None if key_bias is None else key_bias.to(dt)
-    return _Sliced.apply(spec, qf, kf, v, key_bias, *extras)
+    tensors = (qf, kf, v, key_bias, *extras)
+    if not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)):
+        spec = dataclasses.replace(spec, kept_elements=0)  # no backward: nothing to keep logits for
+    return _Sliced.apply(spec, *tensors)

@@ -12,6 +12,7 @@
 // Backward, per slice, with δ_i = dO_i·O_i:
 //
 //     P  = 2^(log2(e)·scale·q' k'^T + log2(e)·t + b2 - lse2)      one product, then one pass
+//          (or 2^(x - lse2) from the logits x the forward kept for the block: no product)
 //     dv += P^T dO,   dP = dO v^T
 //     dS = P ⊙ (dP - δ), and db += Σ_i dS_ij                    one pass, written where the term reads it
 //     dq = scale·dS k',   dk += scale·dS^T q'
@@ -114,6 +115,21 @@ void exp2_rows(T* s, int64_t ss, const T* t, int64_t ts, T f, const T* kb, const
   });
 }
 
+// s[i, j] <- 2^(x[i, j] - l[i]) for the logits x that the forward kept (n, m contiguous; a dropped pair's
+// DROPPED gives 0), s with row stride ss.
+template <typename T>
+void exp2_kept(T* s, int64_t ss, const T* x, const T* l, int64_t n, int64_t m) {
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T* __restrict__ si = s + i * ss;
+      const T* __restrict__ xi = x + i * m;
+      const T li = l[i];
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) si[j] = exp2_flush(xi[j] - li);
+    }
+  });
+}
+
 // ds[i, j] <- (dp[i, j] - δ[i]) · p[i, j];  db[i, j] += ds[i, j] when Acc, and cs[j] += ds[i, j] (the column
 // sums, the key bias's gradient) when ColSum.  dp and db contiguous rows of length m, p and ds with row strides
 // ps and dss.  The column sums run the rows in order (one thread): the rows of a block share cs.
@@ -155,10 +171,11 @@ constexpr double DROPPED = -1e30, EMPTY = -1e29;
 
 // Row by row over s (n, m), row stride ss: x = f·s + kb (kb absent: f·s; DROPPED where the filter drops the
 // pair) and its maximum in one pass, then P = 2^(x - max) in place, inv[i] = 1 / Σ_j P_ij and
-// lse[i] = (max + log2 Σ_j P_ij) / log2(e); a row that keeps no key: P = 0, inv = 0, lse = 0.
+// lse[i] = (max + log2 Σ_j P_ij) / log2(e); a row that keeps no key: P = 0, inv = 0, lse = 0.  keep (n, m)
+// contiguous, or null: receives x, the logits the backward then reads instead of forming them again.
 template <typename T, bool HasBias>
-void softmax_rows(T* s, int64_t ss, T f, const T* kb, const Drop& drop, T* inv, T* lp, int64_t ls, int64_t n,
-                  int64_t m) {
+void softmax_rows(T* s, int64_t ss, T f, const T* kb, const Drop& drop, T* inv, T* lp, int64_t ls, T* keep,
+                  int64_t n, int64_t m) {
   at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       T* __restrict__ si = s + i * ss;
@@ -185,6 +202,8 @@ void softmax_rows(T* s, int64_t ss, T f, const T* kb, const Drop& drop, T* inv, 
       } else {
         biased(0, m, nullptr, 0);
       }
+      // the row is in cache: a copy here costs a fraction of the two products the backward then skips
+      if (keep) std::memcpy(keep + i * m, si, m * sizeof(T));
       if (mx < static_cast<T>(EMPTY)) {
         for (int64_t j = 0; j < m; ++j) si[j] = 0;
         inv[i] = 0;
@@ -280,6 +299,8 @@ void run_heads(int64_t H, bool independent, const F& f) {
 //   (B|1, H|1, n, c) bool, or None, for columns [drop_c0, drop_c0 + c) of the block's span
 //   dq (B, H, Tq, D): the block's rows written;  dk (B, H, Tk, D), dv (B, H, Tk, Dv) and dkb (B, H, Tk) (the key
 //   bias's gradient, or None): accumulated
+//   kept (B, H, n, m) contiguous, or None: the block's logits in base 2 as the forward kept them; P is formed
+//     from them, and neither the content product nor the term's is recomputed
 //   chunk: rows per relative product (rel_logits); the term's tensors:
 //   term 0, Transformer-XL's relative logits: extras = qv (B|1, H, Tq, d), rev (H|1, >= n + m - 1, d) the
 //     block's distances in reverse, dqv (B|1, H, Tq, d), drev_t (H|1, d, >= n + m - 1) their gradient, g_rel
@@ -290,8 +311,9 @@ void block_backward(const Tensor& qf, const Tensor& kf, const Tensor& v, const T
                     const Tensor& delta, double scale, const c10::optional<Tensor>& kb2_,
                     const c10::optional<Tensor>& drop_, int64_t drop_c0, int64_t r0, int64_t r1, int64_t lo,
                     int64_t hi, Tensor dq, Tensor dk, Tensor dv, const c10::optional<Tensor>& dkb_, int64_t term,
-                    int64_t chunk, std::vector<Tensor> extras) {
+                    int64_t chunk, std::vector<Tensor> extras, const c10::optional<Tensor>& kept_) {
   const int64_t B = v.size(0), H = v.size(1), n = r1 - r0, m = hi - lo;
+  const bool has_kept = kept_.has_value();
   TORCH_CHECK(term == 0 || term == 1, "block_backward: term must be 0 (relative) or 1 (shared), got ", term);
   TORCH_CHECK(extras.size() == 5 - term, "block_backward: wrong number of term tensors");
   auto opts = qf.options();
@@ -304,7 +326,7 @@ void block_backward(const Tensor& qf, const Tensor& kf, const Tensor& v, const T
   Tensor logits, ds, db, head, g_rel;
   if (term == 0) {
     g_rel = h0 == 0 ? extras[4] : at::zeros_like(extras[4]);  // zero outside the band dS fills
-    logits = at::empty_like(g_rel);
+    if (!has_kept) logits = at::empty_like(g_rel);
     // pair (i, j) sits at column n - 1 - i + j of the relative logits and of their gradient
     ds = g_rel.as_strided({n, m}, {g_rel.stride(0) - 1, 1}, g_rel.storage_offset() + n - 1);
   } else {
@@ -314,27 +336,36 @@ void block_backward(const Tensor& qf, const Tensor& kf, const Tensor& v, const T
   }
   for (int64_t hh = h0; hh < h1; ++hh) {
     if (term == 1) {
-      at::mm_out(head, extras[0][0][hh].narrow(0, r0, n), extras[1][0][hh].narrow(0, lo, m).t());
+      if (!has_kept) at::mm_out(head, extras[0][0][hh].narrow(0, r0, n), extras[1][0][hh].narrow(0, lo, m).t());
       db.zero_();
     }
     for (int64_t bb = 0; bb < B; ++bb) {
       Tensor qrow = qf[bb][hh].narrow(0, r0, n), k = kf[bb][hh].narrow(0, lo, m);
       Tensor vv = v[bb][hh].narrow(0, lo, m), g = gout[bb][hh].narrow(0, r0, n);
-      Tensor src;
-      if (term == 0) {
-        const Tensor& rev = extras[1];
-        rel_logits(logits, pick(extras[0], bb, hh).narrow(0, r0, n), rev.size(0) > 1 ? rev[hh] : rev[0], m, chunk);
-        src = logits.as_strided({n, m}, {logits.stride(0) - 1, 1}, logits.storage_offset() + n - 1);
-      } else {
-        src = head;
-      }
-      at::addmm_out(s, s, qrow, k.t(), 0.0, scale * M_LOG2E);  // beta = 0: s is not read
-      Tensor kb = has_kb ? pick(kb2, bb, hh)[0].narrow(0, lo, m).contiguous() : Tensor();
       Tensor l = lse2[bb][hh].narrow(0, r0, n);
-      AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward", [&] {
-        form_p<scalar_t>(s, src, static_cast<scalar_t>(M_LOG2E), has_kb ? &kb : nullptr, l,
-                         has_drop ? Drop(pick(drop, bb, hh), n, drop_c0) : Drop());
-      });
+      if (has_kept) {  // the forward's logits: no product
+        Tensor x = (*kept_)[bb][hh];
+        AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward_kept", [&] {
+          exp2_kept<scalar_t>(s.data_ptr<scalar_t>(), s.stride(0), x.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(),
+                              n, m);
+        });
+      } else {
+        Tensor src;
+        if (term == 0) {
+          const Tensor& rev = extras[1];
+          rel_logits(logits, pick(extras[0], bb, hh).narrow(0, r0, n), rev.size(0) > 1 ? rev[hh] : rev[0], m,
+                     chunk);
+          src = logits.as_strided({n, m}, {logits.stride(0) - 1, 1}, logits.storage_offset() + n - 1);
+        } else {
+          src = head;
+        }
+        at::addmm_out(s, s, qrow, k.t(), 0.0, scale * M_LOG2E);  // beta = 0: s is not read
+        Tensor kb = has_kb ? pick(kb2, bb, hh)[0].narrow(0, lo, m).contiguous() : Tensor();
+        AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_backward", [&] {
+          form_p<scalar_t>(s, src, static_cast<scalar_t>(M_LOG2E), has_kb ? &kb : nullptr, l,
+                           has_drop ? Drop(pick(drop, bb, hh), n, drop_c0) : Drop());
+        });
+      }
       dv[bb][hh].narrow(0, lo, m).addmm_(s.t(), g);
       at::mm_out(dp, g, vv.t());
       Tensor dl = delta[bb][hh].narrow(0, r0, n);
@@ -377,11 +408,12 @@ void block_backward(const Tensor& qf, const Tensor& kf, const Tensor& v, const T
 //
 //   qf (B, H, Tq, D), kf (B, H, Tk, D), v (B, H, Tk, Dv), kb2 (B|1, H|1, 1, Tk) log2(e)·key bias or None, drop
 //   as in the backward, scale the logits' scale; out (B, H, Tq, Dv) and lse (B, H, Tq): the block's rows
-//   written; term and extras: the first two tensors of the backward's (qv, rev or qf_t, kf_t), chunk as there.
+//   written; term and extras: the first two tensors of the backward's (qv, rev or qf_t, kf_t), chunk as there;
+//   kept (B, H, n, m) contiguous, or None: receives the block's logits in base 2 for the backward.
 void block_forward(const Tensor& qf, const Tensor& kf, const Tensor& v, const c10::optional<Tensor>& kb_,
                    const c10::optional<Tensor>& drop_, int64_t drop_c0, int64_t r0, int64_t r1, int64_t lo,
                    int64_t hi, double scale, Tensor out, Tensor lse, int64_t term, int64_t chunk,
-                   std::vector<Tensor> extras) {
+                   std::vector<Tensor> extras, const c10::optional<Tensor>& kept_) {
   const int64_t B = v.size(0), H = v.size(1), n = r1 - r0, m = hi - lo;
   TORCH_CHECK(term == 0 || term == 1, "block_forward: term must be 0 (relative) or 1 (shared), got ", term);
   TORCH_CHECK(extras.size() == 2, "block_forward: wrong number of term tensors");
@@ -405,26 +437,28 @@ void block_forward(const Tensor& qf, const Tensor& kf, const Tensor& v, const c1
       const Drop dr = has_drop ? Drop(pick(*drop_, bb, hh), n, drop_c0) : Drop();
       Tensor qrow = qf[bb][hh].narrow(0, r0, n), kt = kf[bb][hh].narrow(0, lo, m).t();
       Tensor o = out[bb][hh].narrow(0, r0, n), l = lse[bb][hh].narrow(0, r0, n);
+      Tensor x = kept_.has_value() ? (*kept_)[bb][hh] : Tensor();
       AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "block_forward", [&] {
         const scalar_t f = static_cast<scalar_t>(M_LOG2E);
         scalar_t* lp = l.data_ptr<scalar_t>();
+        scalar_t* xp = x.defined() ? x.data_ptr<scalar_t>() : nullptr;
         if (term == 0) {  // s = t + scale·q'k'^T in natural units; the soft-max's first pass adds the key bias
           const Tensor& rev = extras[1];
           rel_logits(logits, pick(extras[0], bb, hh).narrow(0, r0, n), rev.size(0) > 1 ? rev[hh] : rev[0], m, chunk);
           s.addmm_(qrow, kt, 1.0, scale);
           if (has_kb)
             softmax_rows<scalar_t, true>(s.data_ptr<scalar_t>(), s.stride(0), f, kb.data_ptr<scalar_t>(), dr,
-                                         inv.data_ptr<scalar_t>(), lp, l.stride(0), n, m);
+                                         inv.data_ptr<scalar_t>(), lp, l.stride(0), xp, n, m);
           else
             softmax_rows<scalar_t, false>(s.data_ptr<scalar_t>(), s.stride(0), f, nullptr, dr,
-                                          inv.data_ptr<scalar_t>(), lp, l.stride(0), n, m);
+                                          inv.data_ptr<scalar_t>(), lp, l.stride(0), xp, n, m);
         } else {  // s = log2(e)·(t + kb) with the filter's DROPPED, then += log2(e)·scale·q'k'^T
           bias_rows<scalar_t>(s, head, f, has_kb ? &kb : nullptr, dr, static_cast<scalar_t>(DROPPED));
           // beta = 1: the product accumulated onto the bias runs faster than into a fresh buffer (MKL, K = 64);
           // a dropped pair's DROPPED absorbs its product (|q'·k'| is many orders below 1e30)
           s.addmm_(qrow, kt, 1.0, scale * M_LOG2E);
           softmax_rows<scalar_t, false>(s.data_ptr<scalar_t>(), s.stride(0), scalar_t(1), nullptr, Drop(),
-                                        inv.data_ptr<scalar_t>(), lp, l.stride(0), n, m);
+                                        inv.data_ptr<scalar_t>(), lp, l.stride(0), xp, n, m);
         }
       });
       at::mm_out(o, s, v[bb][hh].narrow(0, lo, m));
