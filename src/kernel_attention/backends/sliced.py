@@ -24,7 +24,7 @@ plus b is the float mask of PyTorch's CPU flash kernel, which returns output and
 needed, the compiled forward also keeps the logits s of the first blocks that fit in ``kept_elements``
 (B, H, rows, cols) elements (:func:`kept_blocks`; 2^25 by default, 128 MiB in float32), and their backward
 forms P from s without the content product and the term's (for ``xl``, two of a backward slice's eight
-products; at B=4, H=8, D=64, T=1024, fwd+bwd took 0.88-0.94x the time of recomputing them).  **Backward**, per
+products; at B=4, H=8, D=64, T=1024, fwd+bwd took 0.79-0.86x the time of recomputing them).  **Backward**, per
 slice, with δ_i = dO_i·O_i:
 
     P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - δ)
