@@ -227,3 +227,20 @@ def test_kept_logits_equal_recomputed_ones(position, filt, monkeypatch):
     assert spy.forward == [False, False], spy.forward
     why = explain(q, k, v, "exp", filt, **call).reasons["fused"]
     assert "the forward keeps the logits of 1 of the 2 blocks (kept=60000 elements)" in why, why
+
+
+@needs_build
+def test_kept_logits_of_the_wrong_shape_are_refused():
+    """The compiled loops check the buffer of kept logits they are given: (B, H, n, m) and contiguous."""
+    mod = native.sliced(DT)
+    b, h, t, d = 1, 2, 4, 2
+    qf, kf, v = (torch.randn(b, h, t, d, dtype=DT) for _ in range(3))
+    feats = [torch.randn(1, h, t, 3, dtype=DT) for _ in range(2)]
+    out, lse = torch.empty(b, h, t, d, dtype=DT), torch.empty(b, h, t, dtype=DT)
+    for bad in (torch.empty(b, h, t, t + 1, dtype=DT), torch.empty(b, h, t, t, dtype=DT).transpose(-1, -2)):
+        with pytest.raises(RuntimeError, match=r"kept logits must be \(B, H, n, m\), contiguous"):
+            mod.block_forward(qf, kf, v, None, None, 0, 0, t, 0, t, 1.0, out, lse, 1, t, feats, bad)
+    mod.block_forward(qf, kf, v, None, None, 0, 0, t, 0, t, 1.0, out, lse, 1, t, feats,
+                      torch.empty(b, h, t, t, dtype=DT))
+    torch.testing.assert_close(out, torch.softmax(qf @ kf.transpose(-1, -2) + feats[0] @ feats[1].transpose(-1, -2),
+                                                  -1) @ v)

@@ -279,6 +279,11 @@ void rel_grads(const Tensor& g, const Tensor& qv, const Tensor& rev, Tensor dqv,
   }
 }
 
+// Whether x is a contiguous (B, H, n, m) buffer of kept logits.
+bool kept_fits(const Tensor& x, int64_t B, int64_t H, int64_t n, int64_t m) {
+  return x.dim() == 4 && x.size(0) == B && x.size(1) == H && x.size(2) == n && x.size(3) == m && x.is_contiguous();
+}
+
 // Runs f(h0, h1) over the heads [0, H): on torch's threads, a range of heads each, when `independent` (no
 // tensor is written by two heads) and more than one thread is set, else in one call.  A slice's products and
 // passes are too small to share well between threads; the (batch, head) slices of a block are not.
@@ -314,6 +319,8 @@ void block_backward(const Tensor& qf, const Tensor& kf, const Tensor& v, const T
                     int64_t chunk, std::vector<Tensor> extras, const c10::optional<Tensor>& kept_) {
   const int64_t B = v.size(0), H = v.size(1), n = r1 - r0, m = hi - lo;
   const bool has_kept = kept_.has_value();
+  TORCH_CHECK(!has_kept || kept_fits(*kept_, B, H, n, m),
+              "block_backward: kept logits must be (B, H, n, m), contiguous");
   TORCH_CHECK(term == 0 || term == 1, "block_backward: term must be 0 (relative) or 1 (shared), got ", term);
   TORCH_CHECK(extras.size() == 5 - term, "block_backward: wrong number of term tensors");
   auto opts = qf.options();
@@ -415,6 +422,8 @@ void block_forward(const Tensor& qf, const Tensor& kf, const Tensor& v, const c1
                    int64_t hi, double scale, Tensor out, Tensor lse, int64_t term, int64_t chunk,
                    std::vector<Tensor> extras, const c10::optional<Tensor>& kept_) {
   const int64_t B = v.size(0), H = v.size(1), n = r1 - r0, m = hi - lo;
+  TORCH_CHECK(!kept_.has_value() || kept_fits(*kept_, B, H, n, m),
+              "block_forward: kept logits must be (B, H, n, m), contiguous");
   TORCH_CHECK(term == 0 || term == 1, "block_forward: term must be 0 (relative) or 1 (shared), got ", term);
   TORCH_CHECK(extras.size() == 2, "block_forward: wrong number of term tensors");
   auto opts = qf.options();
