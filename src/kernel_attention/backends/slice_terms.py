@@ -26,7 +26,9 @@ class SliceSpec:
     """What is not a differentiable tensor: the logits' scale, the filter as a (B|1, H|1, Tq, Tk) mask or None,
     the blocks of query rows (``plan_blocks``) that both passes run per (head, batch element), and the term:
     ``"relative"`` (Transformer-XL's, with the Toeplitz ``base`` of its index, index_ij = base + i - j) or
-    ``"shared"`` (``product``'s features, shared by the batch)."""
+    ``"shared"`` (``product``'s features, shared by the batch); ``kept_elements``: the budget of (B, H, rows,
+    cols) logits that the compiled forward keeps for the backward (``sliced.kept_blocks``; 0 keeps none).  The
+    filter mask is ``keep``; the kept logits are unrelated to it."""
 
     scale: float
     keep: Tensor | None
