@@ -21,7 +21,8 @@ from kernel_attention.study.core import Study, TableSpec
 __all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "CSV_FIELDS"]
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
-              "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error", "machine"]
+              "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error", "machine",
+              "same_config_as"]
 
 
 def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:

@@ -11,6 +11,8 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
      "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`)}
 
 The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
+So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`) is not
+trained again: the twin's record is carried over, ``"same_config_as"`` naming it.
 
 "diverged": a non-finite training loss or validation score (TD's "not converge"); "error": an exception
 (its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).
@@ -38,6 +40,7 @@ from typing import Any
 from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
+from kernel_attention.study.twins import finished_twin, twins_of
 from kernel_attention.training.loop import read_metrics
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock"]
@@ -134,6 +137,14 @@ def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]
     return res
 
 
+def _running_elsewhere(d: Path) -> bool:
+    """Whether another process holds the lock of cell folder ``d`` (without creating the folder)."""
+    if not d.is_dir():
+        return False
+    with cell_lock(d) as held:
+        return not held
+
+
 @contextlib.contextmanager
 def cell_lock(d: Path):
     """Yields True while this process holds the cell folder ``d``'s lock (module docstring), False when
@@ -173,8 +184,21 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     ``(cells, results, shrink)``.  ``import_from``: runs.csv files whose finished cells are carried in
     first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding."""
     cells, shrink = study.build(options)
+    twins = twins_of(cells)  # over the whole grid: a twin outside ``options.only`` is carried too
+
+    def dir_of(c: Cell) -> Path:
+        return cell_dir(out, study, c)
+
+    def carry(c: Cell) -> bool:
+        rec = finished_twin(c, twins.get(c.id, []), dir_of)
+        if rec is not None:
+            dir_of(c).mkdir(parents=True, exist_ok=True)
+            (dir_of(c) / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+            log(f"[{study.name}] {c.id}: the configuration of {rec['same_config_as']}, its result carried over")
+        return rec is not None
+
     for path in import_from:
-        n = import_runs(path, study, cells, options.scale, lambda c: cell_dir(out, study, c))
+        n = import_runs(path, study, cells, options.scale, dir_of)
         log(f"study {study.name}: imported {n['imported']} finished cell(s) from {path} "
             f"({n['already_finished']} already finished here, {n['outside_grid']} outside this grid)")
     if options.only:
@@ -187,19 +211,26 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     if len(set(ids)) != len(ids):
         raise ValueError(f"study {study.name}: duplicate cell ids")
     table_of = {t.name: t for t in study.tables}
-    todo = [c for c in cells if not _finished(cell_dir(out, study, c) / "result.json", retry_errors)]
+    todo = [c for c in cells if not _finished(dir_of(c) / "result.json", retry_errors) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
     if not run:
         return cells, read_results(out, study, cells), shrink
     start, spent = time.time(), []
     for i, c in enumerate(todo):
-        d = cell_dir(out, study, c)
+        d = dir_of(c)
         with cell_lock(d) as held:
-            # another process may be running the cell, or have finished it since the list was made
+            # another process may be running the cell, or have finished it (or a twin) since the list was made
             if not held or _finished(d / "result.json", retry_errors):
                 log(f"[{study.name}] {c.id}: " + ("running in another process, skipped" if not held else
                                                   "finished by another process"))
+                continue
+            if carry(c):
+                continue
+            busy = next((t.id for t in twins.get(c.id, []) if _running_elsewhere(dir_of(t))), None)
+            if busy is not None:
+                log(f"[{study.name}] {c.id}: its twin {busy} (the same configuration) is running in another "
+                    f"process, skipped; a later invocation carries its result over")
                 continue
             metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
             t0 = time.time()

@@ -1,0 +1,87 @@
+"""Cells of a study with equal configurations train once: the second carries the first's result."""
+
+import json
+
+from kernel_attention.study import StudyOptions, get_study
+from kernel_attention.study.core import Cell, Study, TableSpec
+from kernel_attention.study.runner import cell_dir, cell_lock, run_study
+from kernel_attention.study.smoke import _config
+from kernel_attention.study.twins import config_key, twins_of
+
+
+def _study() -> Study:
+    """Table "a" (exp, rbf) and table "b" whose exp row is a's exp cell again, plus a probed exp cell:
+    its probe makes it no twin."""
+    def build(opts):
+        return [Cell("twins", "a", "exp", "x", 0, _config("exp", 4)), Cell("twins", "a", "rbf", "x", 0, _config("rbf", 4)),
+                Cell("twins", "b", "exp", "x", 0, _config("exp", 4), {"p": 3.0}),
+                Cell("twins", "b", "probed", "x", 0, _config("exp", 4), {"probe": True})], []
+    tables = [TableSpec(t, t, "exact_match", True, [("exp", "exp"), ("rbf", "rbf"), ("probed", "probed")],
+                        [("x", "x")], {}) for t in ("a", "b")]
+    return Study("twins", "twins", "best_valid", tables, build, {"small": 1, "paper": 1})
+
+
+def test_config_key_compares_numbers_by_value_and_keeps_probes_apart():
+    cfg = {"model": {"attention": {"kernel": {"name": "ikan-direct", "p": 3}}}, "flag": True}
+    same = {"flag": True, "model": {"attention": {"kernel": {"p": 3.0, "name": "ikan-direct"}}}}
+    assert config_key(Cell("s", "t", "r", "c", 0, cfg)) == config_key(Cell("s", "u", "q", "c", 1, same))
+    assert config_key(Cell("s", "t", "r", "c", 0, {**cfg, "flag": 1})) != config_key(Cell("s", "t", "r", "c", 0, cfg))
+    assert config_key(Cell("s", "t", "r", "c", 0, cfg, {"probe": True})) != config_key(Cell("s", "t", "r", "c", 0, cfg))
+    cells, _ = get_study("ika-regression").build(StudyOptions(scale="small", seeds=2))
+    twins = twins_of(cells)  # Fig. 4's sweep at p = 3 is Table 4's IKAN-direct Housing column, split by split
+    assert {k: [t.id for t in v] for k, v in twins.items()} == {
+        f"{a}__s{s}": [f"{b}__s{s}"] for s in range(2) for a, b in
+        (("t4__ikan_direct__housing", "p-sweep__p=3__housing"), ("p-sweep__p=3__housing", "t4__ikan_direct__housing"))}
+
+
+def test_a_twin_carries_its_result_and_is_not_trained_again(tmp_path):
+    study, opts, out = _study(), StudyOptions(scale="small"), tmp_path / "out"
+    cells = {c.id: c for c in study.build(opts)[0]}
+    d = {k: cell_dir(out, study, c) for k, c in cells.items()}
+    a, b, probed = "a__exp__x__s0", "b__exp__x__s0", "b__probed__x__s0"
+
+    # only b selected, a not finished: b trains itself
+    logs = []
+    run_study(study, StudyOptions(scale="small", only=("b/exp",)), out, log=logs.append)
+    assert (d[b] / "last.pt").is_file() and not (d[a] / "result.json").exists()
+    # then a is b's twin: carried over, not trained; the probed cell and rbf train
+    logs = []
+    _, results, _ = run_study(study, opts, out, log=logs.append)
+    assert any(a in m and f"the configuration of {b}, its result carried over" in m for m in logs)
+    assert any("4 cells, 2 already finished, 2 to run" in m for m in logs)  # b, and a carried before the list
+    assert not (d[a] / "last.pt").exists() and (d[probed] / "last.pt").is_file()
+    ra, rb = (json.loads((d[k] / "result.json").read_text()) for k in (a, b))
+    assert ra["same_config_as"] == b and "same_config_as" not in rb
+    assert (ra["table"], ra["row"], ra["cell"], ra["tags"], ra["wall_s"]) == ("a", "exp", a, {}, 0.0)
+    assert {k: v for k, v in ra.items() if k not in ("table", "row", "cell", "tags", "wall_s", "same_config_as")} \
+        == {k: v for k, v in rb.items() if k not in ("table", "row", "cell", "tags", "wall_s")}
+    assert len(results) == 4
+
+    # a twin that failed is not carried: the cell trains
+    (d[a] / "result.json").unlink()
+    rb["status"], rb["error"] = "error", "RuntimeError: out of memory"
+    (d[b] / "result.json").write_text(json.dumps(rb))
+    logs = []
+    run_study(study, opts, out, log=logs.append)
+    assert not any("carried over" in m for m in logs)
+    assert json.loads((d[a] / "result.json").read_text()).get("same_config_as") is None
+    assert (d[a] / "last.pt").is_file()
+
+
+def test_a_cell_whose_twin_runs_elsewhere_waits_for_it(tmp_path):
+    """The twin's lock held (by another open file, as another process would): the cell is skipped, and
+    collecting after the twin finished carries it over."""
+    study, opts, out = _study(), StudyOptions(scale="small"), tmp_path / "out"
+    cells = {c.id: c for c in study.build(opts)[0]}
+    a, b = "a__exp__x__s0", "b__exp__x__s0"
+    da, db = cell_dir(out, study, cells[a]), cell_dir(out, study, cells[b])
+    logs = []
+    with cell_lock(da) as held:
+        assert held
+        run_study(study, StudyOptions(scale="small", only=("b",)), out, log=logs.append)
+    assert any(b in m and f"its twin {a} (the same configuration) is running in another process" in m for m in logs)
+    assert not (db / "result.json").exists() and (cell_dir(out, study, cells["b__probed__x__s0"]) / "result.json").is_file()
+    run_study(study, StudyOptions(scale="small", only=("a/exp",)), out, log=lambda m: None)
+    logs = []
+    run_study(study, opts, out, log=logs.append, run=False)  # collecting only
+    assert json.loads((db / "result.json").read_text())["same_config_as"] == a
