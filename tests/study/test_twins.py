@@ -13,7 +13,8 @@ def _study() -> Study:
     """Table "a" (exp, rbf) and table "b" whose exp row is a's exp cell again, plus a probed exp cell:
     its probe makes it no twin."""
     def build(opts):
-        return [Cell("twins", "a", "exp", "x", 0, _config("exp", 4)), Cell("twins", "a", "rbf", "x", 0, _config("rbf", 4)),
+        return [Cell("twins", "a", "exp", "x", 0, _config("exp", 4)),
+                Cell("twins", "a", "rbf", "x", 0, _config("rbf", 4)),
                 Cell("twins", "b", "exp", "x", 0, _config("exp", 4), {"p": 3.0}),
                 Cell("twins", "b", "probed", "x", 0, _config("exp", 4), {"probe": True})], []
     tables = [TableSpec(t, t, "exact_match", True, [("exp", "exp"), ("rbf", "rbf"), ("probed", "probed")],
@@ -80,7 +81,8 @@ def test_a_cell_whose_twin_runs_elsewhere_waits_for_it(tmp_path):
         assert held
         run_study(study, StudyOptions(scale="small", only=("b",)), out, log=logs.append)
     assert any(b in m and f"its twin {a} (the same configuration) is running in another process" in m for m in logs)
-    assert not (db / "result.json").exists() and (cell_dir(out, study, cells["b__probed__x__s0"]) / "result.json").is_file()
+    probed = cell_dir(out, study, cells["b__probed__x__s0"])
+    assert not (db / "result.json").exists() and (probed / "result.json").is_file()
     run_study(study, StudyOptions(scale="small", only=("a/exp",)), out, log=lambda m: None)
     logs = []
     run_study(study, opts, out, log=logs.append, run=False)  # collecting only
