@@ -127,3 +127,22 @@ def _check_model_attention(cfg):
                               "regression": "regressor", "node_classification": "node_classifier",
                               "synthetic": "translation"}[cfg["task"]["name"]])
     build_checked(lambda: MODELS.create({"name": name, **model}, **ctx))
+
+
+def test_ika_table4_configs_drop_what_the_official_code_drops():
+    """IKA's regression code (reference notes 2.2, 2.6) applies its att_dropout (0.1) to the implicit kernels'
+    magnitude logits only; the dropout on the attention weights, like the residual one, is ENC_DROPOUT (0.0),
+    for the dot-product Transformer too."""
+    from kernel_attention.attention import KernelAttention
+    from kernel_attention.config import load_config
+    from kernel_attention.models import MODELS
+
+    paths = sorted((ROOT / "configs" / "implicit_kernel_attention" / "table4").glob("*.yaml"))
+    assert len(paths) == 15
+    for path in paths:
+        model = dict(load_config(path)["model"])
+        net = MODELS.create({**model, "name": model.pop("name")}, in_features=3)
+        (att,) = [m for m in net.modules() if isinstance(m, KernelAttention)]
+        assert att.dropout == 0.0 and model["dropout"] == 0.0, path.name
+        implicit = "transformer" not in path.name
+        assert getattr(att.kernel, "magnitude_dropout", 0.0) == (0.1 if implicit else 0.0), path.name

@@ -1,4 +1,6 @@
-"""Cells of a study with equal configurations train once: the second carries the first's result."""
+"""Cells of a study with equal configurations train once: the second carries the first's result.  A result
+run with another configuration than its cell's current one (a corrected config) is stale: not read, not
+imported."""
 
 import json
 
@@ -6,7 +8,7 @@ from kernel_attention.study import StudyOptions, get_study
 from kernel_attention.study.core import Cell, Study, TableSpec
 from kernel_attention.study.runner import cell_dir, cell_lock, run_study
 from kernel_attention.study.smoke import _config
-from kernel_attention.study.twins import config_key, twins_of
+from kernel_attention.study.twins import twins_of
 
 
 def _study() -> Study:
@@ -22,12 +24,14 @@ def _study() -> Study:
     return Study("twins", "twins", "best_valid", tables, build, {"small": 1, "paper": 1})
 
 
-def test_config_key_compares_numbers_by_value_and_keeps_probes_apart():
-    cfg = {"model": {"attention": {"kernel": {"name": "ikan-direct", "p": 3}}}, "flag": True}
-    same = {"flag": True, "model": {"attention": {"kernel": {"p": 3.0, "name": "ikan-direct"}}}}
-    assert config_key(Cell("s", "t", "r", "c", 0, cfg)) == config_key(Cell("s", "u", "q", "c", 1, same))
-    assert config_key(Cell("s", "t", "r", "c", 0, {**cfg, "flag": 1})) != config_key(Cell("s", "t", "r", "c", 0, cfg))
-    assert config_key(Cell("s", "t", "r", "c", 0, cfg, {"probe": True})) != config_key(Cell("s", "t", "r", "c", 0, cfg))
+def test_the_configuration_key_compares_numbers_by_value_and_keeps_probes_apart():
+    cfg = {"model": {"attention": {"kernel": {"name": "ikan-direct", "p": 3}}}, "flag": True, "data": {"dataset": "x"}}
+    same = {"flag": True, "model": {"attention": {"kernel": {"p": 3.0, "name": "ikan-direct"}}},
+            "data": {"dataset": {"name": "x", "root": "/elsewhere"}}}  # where the data are read from is not in it
+    assert Cell("s", "t", "r", "c", 0, cfg).key == Cell("s", "u", "q", "c", 1, same).key
+    assert Cell("s", "t", "r", "c", 0, {**cfg, "flag": 1}).key != Cell("s", "t", "r", "c", 0, cfg).key
+    assert Cell("s", "t", "r", "c", 0, cfg, {"probe": True}).key != Cell("s", "t", "r", "c", 0, cfg).key
+    assert Cell("s", "t", "r", "c", 0, {**cfg, "data": {"dataset": "y"}}).key != Cell("s", "t", "r", "c", 0, cfg).key
     cells, _ = get_study("ika-regression").build(StudyOptions(scale="small", seeds=2))
     twins = twins_of(cells)  # Fig. 4's sweep at p = 3 is Table 4's IKAN-direct Housing column, split by split
     assert {k: [t.id for t in v] for k, v in twins.items()} == {
@@ -87,3 +91,35 @@ def test_a_cell_whose_twin_runs_elsewhere_waits_for_it(tmp_path):
     logs = []
     run_study(study, opts, out, log=logs.append, run=False)  # collecting only
     assert json.loads((db / "result.json").read_text())["same_config_as"] == a
+
+
+def test_a_result_of_another_configuration_is_stale(tmp_path):
+    """A config corrected after its cells ran: their results are left out of the table, not run over and
+    not imported from a runs.csv; a new folder runs them with the current configuration."""
+    from kernel_attention.study.carry import import_runs
+    from kernel_attention.study.report import read_csv, write_csv
+
+    study, opts, out = _study(), StudyOptions(scale="small", only=("a/rbf",)), tmp_path / "out"
+    logs = []
+    _, results, _ = run_study(study, opts, out, log=logs.append)
+    (cell,) = [c for c in study.build(opts)[0] if c.id == "a__rbf__x__s0"]
+    assert len(results) == 1 and results[0]["config"] == cell.key
+    write_csv(tmp_path / "runs.csv", study, results)
+    assert read_csv(tmp_path / "runs.csv")[0]["config"] == cell.key
+
+    corrected = _study()
+    build = corrected.build
+    corrected.build = lambda o: ([Cell(c.study, c.table, c.row, c.col, c.seed,
+                                       {**c.config, "train": {**c.config["train"], "lr": 1e-3}}, c.tags)
+                                  for c in build(o)[0]], [])
+    logs = []
+    _, results, _ = run_study(corrected, opts, out, log=logs.append)
+    assert results == []
+    assert any("1 already finished, 0 to run" in m for m in logs)  # not run over: its folder is the old run's
+    assert any("1 finished cell(s) ran with another configuration than the current one (a__rbf__x__s0)" in m
+               for m in logs)
+    cells, _ = corrected.build(opts)
+    n = import_runs(tmp_path / "runs.csv", corrected, cells, "small", lambda c: tmp_path / "new" / c.id)
+    assert n == {"imported": 0, "already_finished": 0, "outside_grid": 0, "other_config": 1}
+    _, results, _ = run_study(corrected, opts, tmp_path / "new", log=lambda m: None)
+    assert len(results) == 1 and results[0]["config"] != cell.key

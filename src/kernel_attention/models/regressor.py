@@ -26,14 +26,16 @@ class SequenceRegressor(KernelRegularized, nn.Module):
     Args:
         in_features: F.  d_model (KEY_DIM = 64), n_heads (8), n_layers (1), d_ff (= d_model).
         dropout: residual dropout (ENC_DROPOUT 0.0).  attention: attention config (default exp kernel,
-            no position, attention dropout 0.1).  out_features: outputs per row.
+            no position, no dropout on the weights: the code's attention dropout is ENC_DROPOUT too, and its
+            ``att_dropout`` 0.1 is the implicit kernels' magnitude dropout, ``official=true``).
+            out_features: outputs per row.
     """
 
     def __init__(self, in_features: int, *, d_model: int = 64, n_heads: int = 8, n_layers: int = 1,
                  d_ff: int | None = None, dropout: float = 0.0, attention: dict | None = None,
                  out_features: int = 1):
         super().__init__()
-        self.attn_cfg = attention_config(attention, "attention", kernel="exp", position="none", dropout=0.1)
+        self.attn_cfg = attention_config(attention, "attention", kernel="exp", position="none", dropout=0.0)
         d_ff = d_model if d_ff is None else d_ff
         self.inp = nn.Linear(in_features, d_model)
         self.layers = nn.ModuleList()

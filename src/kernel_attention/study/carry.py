@@ -11,6 +11,9 @@ already finished here is left alone (the local run wins); rows of another study 
 table / row / column / seed disagree with their cell id, are errors (a wrong file, not something to merge),
 and such a file imports nothing.
 Imported cells have no ``metrics.jsonl``, so the training-curve figures show only the cells run here.
+A row whose ``config`` (the configuration key it ran with, :attr:`.core.Cell.key`) is not its cell's current one
+is not imported: it is a result of a configuration since corrected, and the cell runs again here.  Rows
+without one (CSVs written before it was recorded) are imported as they are.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
     """Write ``result.json`` for the rows of ``path`` that are cells of ``cells`` without one yet.
 
     ``dir_of(cell)`` is the cell's folder.  Returns counts: ``{"imported", "already_finished",
-    "outside_grid"}`` (the last: rows of this study whose cell the grid does not hold, e.g. a seed beyond
-    ``--seeds``).  Raises ``ValueError`` for rows of another study or scale, or inconsistent with their id.
+    "outside_grid", "other_config"}`` ("outside_grid": rows of this study whose cell the grid does not hold,
+    e.g. a seed beyond ``--seeds``; "other_config": rows run with another configuration than their cell's,
+    module docstring).  Raises ``ValueError`` for rows of another study or scale, or inconsistent with their id.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--import-runs: no such file {str(path)!r} (a runs.csv written by a study)")
     by_id = {c.id: c for c in cells}
-    counts = {"imported": 0, "already_finished": 0, "outside_grid": 0}
+    counts = {"imported": 0, "already_finished": 0, "outside_grid": 0, "other_config": 0}
     todo = []  # every row is checked before any is written: a wrong file imports nothing
     for n, rec in enumerate(read_csv(path), start=2):  # line 1 is the header
         where = f"{path}, line {n}"
@@ -53,6 +57,9 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
         wrong = {k: rec.get(k) for k, v in fields.items() if rec.get(k) != v}
         if wrong:
             raise ValueError(f"{where}: cell {cell.id} but {wrong} (expected {fields})")
+        if rec.get("config", cell.key) != cell.key:
+            counts["other_config"] += 1
+            continue
         todo.append((cell, rec))
     for cell, rec in todo:
         d = dir_of(cell)

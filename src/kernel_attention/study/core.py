@@ -2,6 +2,7 @@
 
     cell id   = <study>/<table>/<row>/<col>/s<seed>   (file-system safe: "__" between the parts)
     Cell      = (table, row, col, seed, config)        config: a normal run config (task/data/model/train/eval/seed)
+    Cell.key  = a digest of the config (and probe flag): what a finished cell's result was run with
     Study     = name, tables (TableSpec: rows, cols, the paper's numbers), protocol, build(options) -> cells
 
 Protocols (reference notes):
@@ -16,7 +17,10 @@ A study's ``build(options)`` returns ``(cells, shrink)`` where ``shrink`` lists,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
+import json
 import re
 from typing import Any, Callable
 
@@ -54,6 +58,31 @@ class Cell:
     @property
     def id(self) -> str:
         return "__".join(_SAFE.sub("-", str(p)) for p in (self.table, self.row, self.col, f"s{self.seed}"))
+
+    @property
+    def key(self) -> str:
+        """16 hex digits of a SHA-256 of the configuration that decides this cell's run: the config with
+        numbers compared by value (the ``p: 3`` of a YAML file is a sweep's ``p = 3.0``) and without the
+        folder the dataset is read from (``--data``), plus the probe flag (a probed run also writes the
+        records the figures read).  Result records keep it (``config``), so that a result run with another
+        configuration -- the same cell after a config was corrected -- is told apart (:mod:`.runner`)."""
+        cfg = copy.deepcopy(self.config)
+        ds = (cfg.get("data") or {}).get("dataset") if isinstance(cfg.get("data"), dict) else None
+        if isinstance(ds, dict) and "name" in ds:
+            cfg["data"]["dataset"] = ds["name"]
+        text = json.dumps([_normal(cfg), bool(self.tags.get("probe"))], sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _normal(x: Any) -> Any:
+    """``x`` with every int and float as a float (bools kept apart: True is not 1.0 in a config)."""
+    if isinstance(x, dict):
+        return {str(k): _normal(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_normal(v) for v in x]
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    return x
 
 
 @dataclasses.dataclass

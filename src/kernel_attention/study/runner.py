@@ -8,7 +8,14 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
     {"cell": id, "table", "row", "col", "seed", "status": "ok" | "diverged" | "error", "metric",
      "valid": best validation score, "test": test score of the best-validation checkpoint,
      "final_valid", "final_test", "best_step", "steps", "wall_s", "error": message | null, "tags",
-     "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`)}
+     "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`),
+     "config": the cell's configuration key (:attr:`.core.Cell.key`)}
+
+A finished cell whose record names another configuration than the grid's -- a config corrected after the cell
+ran -- is *stale*: it is neither run over (its folder holds that run's checkpoints, which a resume would
+continue) nor read into the table; the runner says which cells are stale, and deleting their folders (or a
+new ``--out``) runs them with the current configuration.  Records without ``config`` (written before it was
+recorded) are taken as they are.
 
 The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
 So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`) is not
@@ -65,7 +72,8 @@ def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
     cfg = copy.deepcopy(cell.config)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec: dict[str, Any] = {"cell": cell.id, "table": cell.table, "row": cell.row, "col": cell.col,
-                           "seed": cell.seed, "metric": metric, "tags": cell.tags, "error": None}
+                           "seed": cell.seed, "metric": metric, "tags": cell.tags, "error": None,
+                           "config": cell.key}
     t0 = time.time()
     summary: dict[str, Any] = {}
     try:
@@ -121,13 +129,21 @@ def unit_factor(config: dict) -> float | None:
     return float((t[1] - t[0]).abs().reshape(-1)[0])
 
 
+def _stale(rec: dict, cell: Cell) -> bool:
+    """Whether the record ``rec`` was run with another configuration than ``cell``'s (module docstring)."""
+    return rec.get("config", cell.key) != cell.key
+
+
 def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]:
-    """The result records of the finished cells (regression ones get ``unit_factor``, see above)."""
+    """The result records of the finished cells, stale ones left out (module docstring; regression ones
+    get ``unit_factor``, see above)."""
     res = []
     for c in cells:
         p = cell_dir(out, study, c) / "result.json"
         if p.is_file():
             r = json.loads(p.read_text())
+            if _stale(r, c):
+                continue
             if "unit_factor" not in r:
                 f = unit_factor(c.config)
                 if f is not None:
@@ -200,7 +216,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     for path in import_from:
         n = import_runs(path, study, cells, options.scale, dir_of)
         log(f"study {study.name}: imported {n['imported']} finished cell(s) from {path} "
-            f"({n['already_finished']} already finished here, {n['outside_grid']} outside this grid)")
+            f"({n['already_finished']} already finished here, {n['outside_grid']} outside this grid, "
+            f"{n['other_config']} run with another configuration)")
     if options.only:
         def match(c, item):  # "a/b": the cell must match a and b (each a table, row or column id)
             return all(part in (c.table, c.row, c.col) for part in item.split("/"))
@@ -214,6 +231,12 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     todo = [c for c in cells if not _finished(dir_of(c) / "result.json", retry_errors) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
+    stale = [c.id for c in cells if (dir_of(c) / "result.json").is_file()
+             and _stale(json.loads((dir_of(c) / "result.json").read_text()), c)]
+    if stale:
+        log(f"study {study.name}: {len(stale)} finished cell(s) ran with another configuration than the current "
+            f"one ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): left out of the table and not run "
+            f"again; delete their folders under {Path(out) / study.name / 'cells'} (or use a new --out) to run them")
     if not run:
         return cells, read_results(out, study, cells), shrink
     start, spent = time.time(), []

@@ -1,54 +1,38 @@
 """Cells of one study whose configurations are equal train once.
 
-Two cells are *twins* when their training configurations are equal -- numbers compared by value, so the
-``p: 3`` of a YAML file and the ``p = 3.0`` of a sweep are the same -- and they ask for the same probes
-(``tags["probe"]``: a probed run also writes the records that the figures read).  IKA Table 4's p sweep at
-p = 3, for instance, is the IKAN-direct Housing column of Table 4 itself (p = 3 there), split by split.
+Two cells are *twins* when their configurations are equal (:attr:`Cell.key <.core.Cell.key>`: numbers
+compared by value, the probe flag included).  IKA Table 4's p sweep at p = 3, for instance, is the
+IKAN-direct Housing column of Table 4 itself (p = 3 there), split by split.
 
 When a cell is about to run and a twin has finished ("ok" or "diverged": the same configuration gives the
-same run on the same code and machine, see :mod:`.runner`), the twin's record is carried over as the cell's
-``result.json`` instead: the cell's own table, row, column, seed and tags, ``"same_config_as"`` naming the
-twin, and ``wall_s`` 0 (it cost nothing here, so the study's summed wall time counts the run once).  A twin
-that failed ("error") is not carried: the cell runs.  While a twin is being trained by another process the
-cell is skipped; a later invocation (``--collect-only`` included) carries it over.  Carried cells have no
-training log, like imported ones (:mod:`.carry`), so the training-curve figures show the run once.
+same run on the same code and machine, see :mod:`.runner`) with that configuration, the twin's record is
+carried over as the cell's ``result.json`` instead: the cell's own table, row, column, seed and tags,
+``"same_config_as"`` naming the twin, and ``wall_s`` 0 (it cost nothing here, so the study's summed wall time
+counts the run once).  A twin that failed ("error") is not carried: the cell runs.  While a twin is being
+trained by another process the cell is skipped; a later invocation (``--collect-only`` included) carries it
+over.  Carried cells have no training log, like imported ones (:mod:`.carry`), so the training-curve figures
+show the run once.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from kernel_attention.study.core import Cell
 
-__all__ = ["config_key", "twins_of", "finished_twin"]
+__all__ = ["twins_of", "finished_twin"]
 
 #: Statuses of a twin's record that are carried over (a deterministic outcome of the configuration).
 CARRIED = ("ok", "diverged")
-
-
-def _normal(x: Any) -> Any:
-    """``x`` with every int and float as a float (bools kept apart: True is not 1.0 in a config)."""
-    if isinstance(x, dict):
-        return {str(k): _normal(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_normal(v) for v in x]
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return float(x)
-    return x
-
-
-def config_key(cell: Cell) -> str:
-    """What must be equal for two cells to be twins: the normalised configuration and the probe flag."""
-    return json.dumps([_normal(cell.config), bool(cell.tags.get("probe"))], sort_keys=True, default=str)
 
 
 def twins_of(cells: list[Cell]) -> dict[str, list[Cell]]:
     """For each cell id that has twins in ``cells``, the other cells with its configuration."""
     groups: dict[str, list[Cell]] = {}
     for c in cells:
-        groups.setdefault(config_key(c), []).append(c)
+        groups.setdefault(c.key, []).append(c)
     return {c.id: [t for t in g if t is not c] for g in groups.values() if len(g) > 1 for c in g}
 
 
@@ -60,7 +44,7 @@ def finished_twin(cell: Cell, twins: list[Cell], dir_of: Callable[[Cell], Path])
         if not p.is_file():
             continue
         rec = json.loads(p.read_text())
-        if rec.get("status") not in CARRIED:
+        if rec.get("status") not in CARRIED or rec.get("config", cell.key) != cell.key:
             continue
         rec.update(cell=cell.id, table=cell.table, row=cell.row, col=cell.col, seed=cell.seed, tags=cell.tags,
                    wall_s=0.0, same_config_as=t.id)
