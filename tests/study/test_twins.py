@@ -123,3 +123,13 @@ def test_a_result_of_another_configuration_is_stale(tmp_path):
     assert n == {"imported": 0, "already_finished": 0, "outside_grid": 0, "other_config": 1}
     _, results, _ = run_study(corrected, opts, tmp_path / "new", log=lambda m: None)
     assert len(results) == 1 and results[0]["config"] != cell.key
+
+    # asked to, the stale cell runs again here, its old folder kept aside
+    d = cell_dir(out, corrected, cell)
+    logs = []
+    _, results, _ = run_study(corrected, opts, out, log=logs.append, rerun_stale=True)
+    aside = d.with_name(f"{d.name}.stale-{cell.key}")
+    assert any(f"moved to {aside.name}" in m for m in logs) and any("0 already finished, 1 to run" in m for m in logs)
+    assert json.loads((aside / "result.json").read_text())["config"] == cell.key and (aside / "last.pt").is_file()
+    (now,) = [c for c in cells if c.id == cell.id]
+    assert len(results) == 1 and results[0]["config"] == now.key != cell.key

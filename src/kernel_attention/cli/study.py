@@ -12,7 +12,9 @@ CPU, and says exactly what it shrank (printed, and written into table.md).  ``--
 Several processes may run one study into the same OUT at once (say one per core): each skips the
 cells another is training.
 ``--import-runs CSV`` carries the finished cells of an earlier runs.csv in first (more seeds on top of
-published ones, say).
+published ones, say).  Cells whose configurations are equal train once.  A result records the configuration
+it ran with: one of another configuration (a config corrected since) is left out and not imported, and
+``--rerun-stale`` runs such cells again (their old folders moved aside).
 Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
 """
 
@@ -37,6 +39,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lm-data", default=None, help="SP dataset (small: wikitext-2, paper: wikitext-103)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--retry-errors", action="store_true", help="run again cells that ended with an error")
+    p.add_argument("--rerun-stale", action="store_true",
+                   help="run again cells finished with another configuration than the current one (their "
+                   "folders are moved to <cell>.stale-<key>)")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--collect-only", action="store_true",
                    help="run no cell; rewrite runs.csv, table.md and figures from the finished cells")
@@ -73,7 +78,7 @@ def run(args) -> int:
     try:
         execute(study.name, opts, args.out, command=command, retry_errors=args.retry_errors,
                 figures=not args.no_figures, log=lambda m: print(m, flush=True), run=not args.collect_only,
-                import_from=tuple(args.import_runs))
+                import_from=tuple(args.import_runs), rerun_stale=args.rerun_stale)
     except ValueError as e:  # a runs.csv of another study or scale, an --only that selects nothing
         print(f"kernel-attention study: {e}", file=sys.stderr)
         return 2

@@ -13,9 +13,10 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
 
 A finished cell whose record names another configuration than the grid's -- a config corrected after the cell
 ran -- is *stale*: it is neither run over (its folder holds that run's checkpoints, which a resume would
-continue) nor read into the table; the runner says which cells are stale, and deleting their folders (or a
-new ``--out``) runs them with the current configuration.  Records without ``config`` (written before it was
-recorded) are taken as they are.
+continue) nor read into the table; the runner says which cells are stale.  ``rerun_stale=True``
+(``--rerun-stale``) moves each stale folder aside, to ``<cell>.stale-<its key>`` beside it, and runs the cell
+with the current configuration.  Records without ``config`` (written before it was recorded) are taken as
+they are.
 
 The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
 So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`) is not
@@ -193,12 +194,38 @@ def _fmt_s(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, str]]:
+    """(cell, the key its record names) for each stale cell of ``cells``."""
+    out = []
+    for c in cells:
+        p = dir_of(c) / "result.json"
+        if p.is_file():
+            rec = json.loads(p.read_text())
+            if _stale(rec, c):
+                out.append((c, rec["config"]))
+    return out
+
+
+def _move_aside(d: Path, key: str) -> Path | None:
+    """Renames the stale cell folder ``d`` to ``<name>.stale-<key>`` (a free name) unless another process
+    holds its lock (it is being moved or run there); returns the new path, or None."""
+    with cell_lock(d) as held:
+        if not held:
+            return None
+        target, n = d.with_name(f"{d.name}.stale-{key}"), 1
+        while target.exists():
+            target, n = d.with_name(f"{d.name}.stale-{key}-{n}"), n + 1
+        d.rename(target)
+        return target
+
+
 def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
-              log=print, run: bool = True, import_from: tuple[str | Path, ...] = ()
+              log=print, run: bool = True, import_from: tuple[str | Path, ...] = (), rerun_stale: bool = False
               ) -> tuple[list[Cell], list[dict], list[str]]:
     """Run every unfinished cell of ``study`` (``run=False``: none, only collect); returns
     ``(cells, results, shrink)``.  ``import_from``: runs.csv files whose finished cells are carried in
-    first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding."""
+    first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding.  ``rerun_stale``: move
+    the folders of cells finished with another configuration aside and run them (module docstring)."""
     cells, shrink = study.build(options)
     twins = twins_of(cells)  # over the whole grid: a twin outside ``options.only`` is carried too
 
@@ -228,15 +255,19 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     if len(set(ids)) != len(ids):
         raise ValueError(f"study {study.name}: duplicate cell ids")
     table_of = {t.name: t for t in study.tables}
+    if rerun_stale and run:
+        for c, key in _stale_cells(cells, dir_of):
+            moved = _move_aside(dir_of(c), key)
+            if moved is not None:
+                log(f"[{study.name}] {c.id}: ran with another configuration ({key}); moved to {moved.name}")
     todo = [c for c in cells if not _finished(dir_of(c) / "result.json", retry_errors) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
-    stale = [c.id for c in cells if (dir_of(c) / "result.json").is_file()
-             and _stale(json.loads((dir_of(c) / "result.json").read_text()), c)]
+    stale = [c.id for c, _ in _stale_cells(cells, dir_of)]
     if stale:
         log(f"study {study.name}: {len(stale)} finished cell(s) ran with another configuration than the current "
             f"one ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): left out of the table and not run "
-            f"again; delete their folders under {Path(out) / study.name / 'cells'} (or use a new --out) to run them")
+            f"again; --rerun-stale runs them (their folders under {Path(out) / study.name / 'cells'} moved aside)")
     if not run:
         return cells, read_results(out, study, cells), shrink
     start, spent = time.time(), []
