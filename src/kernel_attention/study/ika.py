@@ -249,8 +249,7 @@ def _build_reg(opts: StudyOptions):
         shrink += _describe(SMALL_REG, "regression")
         shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells took 2-3 min (Transformer) and "
                       "26-31 min (IKAN-direct, MIKAN, with the former dropout on the weights) each, two or three study "
-                      "processes on a 2-core CPU, one "
-                      "thread each; the other columns' cells under 2 min")
+                      "processes on a 2-core CPU, one thread each; the other columns' cells under 2 min")
     return cells, shrink
 
 
