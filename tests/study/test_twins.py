@@ -118,6 +118,13 @@ def test_a_result_of_another_configuration_is_stale(tmp_path):
     assert any("1 already finished, 0 to run" in m for m in logs)  # not run over: its folder is the old run's
     assert any("1 finished cell(s) ran with another configuration than the current one (a__rbf__x__s0)" in m
                for m in logs)
+    # a record written before keys were recorded: the config.yaml of its run tells the configuration
+    rec_path = cell_dir(out, corrected, cell) / "result.json"
+    legacy = json.loads(rec_path.read_text())
+    del legacy["config"]
+    rec_path.write_text(json.dumps(legacy))
+    assert run_study(corrected, opts, out, log=lambda m: None, run=False)[1] == []
+    assert run_study(study, opts, out, log=lambda m: None, run=False)[1][0]["config"] == cell.key
     cells, _ = corrected.build(opts)
     n = import_runs(tmp_path / "runs.csv", corrected, cells, "small", lambda c: tmp_path / "new" / c.id)
     assert n == {"imported": 0, "already_finished": 0, "outside_grid": 0, "other_config": 1}
@@ -130,6 +137,6 @@ def test_a_result_of_another_configuration_is_stale(tmp_path):
     _, results, _ = run_study(corrected, opts, out, log=logs.append, rerun_stale=True)
     aside = d.with_name(f"{d.name}.stale-{cell.key}")
     assert any(f"moved to {aside.name}" in m for m in logs) and any("0 already finished, 1 to run" in m for m in logs)
-    assert json.loads((aside / "result.json").read_text())["config"] == cell.key and (aside / "last.pt").is_file()
+    assert (aside / "result.json").is_file() and (aside / "last.pt").is_file()  # named by the key it ran with
     (now,) = [c for c in cells if c.id == cell.id]
     assert len(results) == 1 and results[0]["config"] == now.key != cell.key

@@ -15,8 +15,9 @@ A finished cell whose record names another configuration than the grid's -- a co
 ran -- is *stale*: it is neither run over (its folder holds that run's checkpoints, which a resume would
 continue) nor read into the table; the runner says which cells are stale.  ``rerun_stale=True``
 (``--rerun-stale``) moves each stale folder aside, to ``<cell>.stale-<its key>`` beside it, and runs the cell
-with the current configuration.  Records without ``config`` (written before it was recorded) are taken as
-they are.
+with the current configuration.  A record without ``config`` (written before it was recorded) is checked
+against the ``config.yaml`` its run wrote into the cell folder; one without either (a row imported from an
+older runs.csv) is taken as it is.
 
 The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
 So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`) is not
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -130,9 +132,24 @@ def unit_factor(config: dict) -> float | None:
     return float((t[1] - t[0]).abs().reshape(-1)[0])
 
 
-def _stale(rec: dict, cell: Cell) -> bool:
-    """Whether the record ``rec`` was run with another configuration than ``cell``'s (module docstring)."""
-    return rec.get("config", cell.key) != cell.key
+def _recorded_key(rec: dict, d: Path, cell: Cell) -> str | None:
+    """The configuration key that the record ``rec`` of the cell folder ``d`` ran with: its ``config``, else
+    that of the ``config.yaml`` its run wrote there, else None (unknown)."""
+    if "config" in rec:
+        return rec["config"]
+    if (d / "config.yaml").is_file():
+        from kernel_attention.config import load_config
+        return dataclasses.replace(cell, config=load_config(d / "config.yaml")).key
+    return None
+
+
+def _stale(rec: dict, d: Path, cell: Cell) -> bool:
+    """Whether the record ``rec`` of the cell folder ``d`` was run with another configuration than ``cell``'s
+    (module docstring).  Sets ``rec["config"]`` where the folder's config.yaml tells it."""
+    key = _recorded_key(rec, d, cell)
+    if key is not None:
+        rec["config"] = key
+    return key is not None and key != cell.key
 
 
 def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]:
@@ -143,7 +160,7 @@ def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]
         p = cell_dir(out, study, c) / "result.json"
         if p.is_file():
             r = json.loads(p.read_text())
-            if _stale(r, c):
+            if _stale(r, p.parent, c):
                 continue
             if "unit_factor" not in r:
                 f = unit_factor(c.config)
@@ -201,7 +218,7 @@ def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, str]]:
         p = dir_of(c) / "result.json"
         if p.is_file():
             rec = json.loads(p.read_text())
-            if _stale(rec, c):
+            if _stale(rec, p.parent, c):
                 out.append((c, rec["config"]))
     return out
 
@@ -233,7 +250,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         return cell_dir(out, study, c)
 
     def carry(c: Cell) -> bool:
-        rec = finished_twin(c, twins.get(c.id, []), dir_of)
+        rec = finished_twin(c, twins.get(c.id, []), dir_of, _stale)
         if rec is not None:
             dir_of(c).mkdir(parents=True, exist_ok=True)
             (dir_of(c) / "result.json").write_text(json.dumps(rec, indent=1, default=str))

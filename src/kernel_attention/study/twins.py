@@ -36,15 +36,17 @@ def twins_of(cells: list[Cell]) -> dict[str, list[Cell]]:
     return {c.id: [t for t in g if t is not c] for g in groups.values() if len(g) > 1 for c in g}
 
 
-def finished_twin(cell: Cell, twins: list[Cell], dir_of: Callable[[Cell], Path]) -> dict | None:
+def finished_twin(cell: Cell, twins: list[Cell], dir_of: Callable[[Cell], Path],
+                  stale: Callable[[dict, Path, Cell], bool]) -> dict | None:
     """The record to write as ``cell``'s ``result.json`` when one of ``twins`` has finished with a carried
-    status (module docstring), else None.  ``dir_of(cell)`` is a cell's folder."""
+    status (module docstring) and the current configuration, else None.  ``dir_of(cell)`` is a cell's
+    folder; ``stale(record, folder, cell)`` tells a record of another configuration (:mod:`.runner`)."""
     for t in twins:
         p = dir_of(t) / "result.json"
         if not p.is_file():
             continue
         rec = json.loads(p.read_text())
-        if rec.get("status") not in CARRIED or rec.get("config", cell.key) != cell.key:
+        if rec.get("status") not in CARRIED or stale(rec, p.parent, t):
             continue
         rec.update(cell=cell.id, table=cell.table, row=cell.row, col=cell.col, seed=cell.seed, tags=cell.tags,
                    wall_s=0.0, same_config_as=t.id)
