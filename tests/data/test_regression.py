@@ -82,6 +82,13 @@ def test_parkinsons_csv(tmp_path):
     assert data.y[:, 0].tolist() == [34.4, 34.9, 25.0]
     with_motor = load_parkinsons(tmp_path, drop_other_score=False)
     assert "motor_UPDRS" in with_motor.feature_names and with_motor.x.shape == (3, 5)
+    with_subject = load_parkinsons(tmp_path, subject=True)
+    assert with_subject.feature_names == ["subject#", "age", "sex", "test_time", "Jitter(%)"]
+    assert with_subject.x[:, 0].tolist() == [1.0, 1.0, 2.0]
+    # the registry's options reach the loader (what a config's data.dataset mapping sets)
+    from kernel_attention.data import DATASETS
+    both = DATASETS.create({"name": "parkinsons", "other_score": True, "subject": True, "root": str(tmp_path)})
+    assert both.feature_names == ["subject#", "age", "sex", "test_time", "motor_UPDRS", "Jitter(%)"]
     d.joinpath("parkinsons_updrs.data").write_text("subject#,age,motor_UPDRS,total_UPDRS\n1,72,2,3\n1,x,2,3\n")
     with pytest.raises(DataFormatError, match=r"parkinsons_updrs\.data:3"):
         load_parkinsons(tmp_path)

@@ -148,8 +148,11 @@ for _name, _folder in uci.UCI_FOLDERS.items():
                      lambda root, _n=_name: uci.load_uci(root, _n), aliases=("housing",) if _name == "boston" else ()), [])
 _add(DatasetSpec("parkinsons", "regression", (FileSpec("uci-regression/parkinsons-telemonitoring/parkinsons_updrs.data", _PARK),),
                  "UCI Parkinsons telemonitoring (Tsanas et al. 2010)",
-                 lambda root, target="total_UPDRS": uci.load_parkinsons(root, target)),
-     [Param("target", str, "total_UPDRS", choices=("total_UPDRS", "motor_UPDRS"))])
+                 lambda root, target="total_UPDRS", other_score=False, subject=False:
+                 uci.load_parkinsons(root, target, drop_other_score=not other_score, subject=subject)),
+     [Param("target", str, "total_UPDRS", choices=("total_UPDRS", "motor_UPDRS")),
+      Param("other_score", bool, False, "keep the other UPDRS score as an input"),
+      Param("subject", bool, False, "keep subject# as an input")])
 _add(DatasetSpec("co2", "regression", (FileSpec("timeseries/mauna-loa-co2/co2_mm_mlo.txt", _CO2),),
                  "NOAA GML Mauna Loa monthly CO2", lambda root, end_year=None: uci.load_co2(root, end_year)),
      [Param("end_year", float, None, optional=True)])

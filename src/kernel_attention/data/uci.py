@@ -171,10 +171,13 @@ def load_uci(root: str | Path, name: str) -> RegressionData:
     return RegressionData(name, table[:, feats], table[:, target], [f"col{j}" for j in feats], f"col{target[0]}", splits)
 
 
-def load_parkinsons(root: str | Path, target: str = "total_UPDRS", drop_other_score: bool = True) -> RegressionData:
+def load_parkinsons(root: str | Path, target: str = "total_UPDRS", drop_other_score: bool = True,
+                    subject: bool = False) -> RegressionData:
     """Parkinsons telemonitoring.  Features: every column except ``subject#`` and the target (and the other
     UPDRS score when ``drop_other_score``: the two scores are strongly correlated, so keeping one as an input
-    makes the task far easier)."""
+    makes the task far easier), 19 by default; ``subject`` keeps ``subject#`` as an input too (42 patients,
+    each recorded about 140 times over six months, whose scores change little: rows of one subject are
+    near-copies of each other's target)."""
     path = Path(root) / "uci-regression" / "parkinsons-telemonitoring" / "parkinsons_updrs.data"
     head, table = _numbers(path, "parkinsons", sep=",", header=True)
     scores = ("motor_UPDRS", "total_UPDRS")
@@ -182,7 +185,8 @@ def load_parkinsons(root: str | Path, target: str = "total_UPDRS", drop_other_sc
         raise ValueError(f"target must be one of {scores}, got {target!r}")
     if head is None or target not in head or len(head) != table.shape[1]:
         raise DataFormatError(path, 1, f"header {head} does not name the {table.shape[1]} columns with {target!r}")
-    dropped = {"subject#", target} | ({s for s in scores} if drop_other_score else set())
+    dropped = ({target} | (set() if subject else {"subject#"})
+               | ({s for s in scores} if drop_other_score else set()))
     cols = [j for j, h in enumerate(head) if h not in dropped]
     t = head.index(target)
     return RegressionData("parkinsons", table[:, cols], table[:, [t]], [head[j] for j in cols], target)
