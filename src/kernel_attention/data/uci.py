@@ -176,8 +176,8 @@ def load_parkinsons(root: str | Path, target: str = "total_UPDRS", drop_other_sc
     """Parkinsons telemonitoring.  Features: every column except ``subject#`` and the target (and the other
     UPDRS score when ``drop_other_score``: the two scores are strongly correlated, so keeping one as an input
     makes the task far easier), 19 by default; ``subject`` keeps ``subject#`` as an input too (42 patients,
-    each recorded about 140 times over six months, whose scores change little: rows of one subject are
-    near-copies of each other's target)."""
+    each recorded about 140 times over six months: the target's standard deviation within a patient is about
+    a quarter of its standard deviation over all rows)."""
     path = Path(root) / "uci-regression" / "parkinsons-telemonitoring" / "parkinsons_updrs.data"
     head, table = _numbers(path, "parkinsons", sep=",", header=True)
     scores = ("motor_UPDRS", "total_UPDRS")
