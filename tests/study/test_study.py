@@ -255,3 +255,44 @@ def test_training_curves_name_a_row_whose_first_seeds_were_carried(tmp_path, mon
     figures.training_curves(tmp_path / "fig", table, cells, lambda c: tmp_path / c.id, [])
     lines, labels = saved[0].axes[0].get_legend_handles_labels()
     assert labels == ["A", "B"] and len(saved[0].axes[0].get_lines()) == 4
+
+
+def test_a_resumed_cell_records_the_time_of_its_earlier_runs(tmp_path, monkeypatch):
+    """``wall_s`` of a cell finished over several invocations is their training time together: this
+    invocation's plus the ``elapsed_s`` of the checkpoint it resumed from."""
+    from kernel_attention.study.runner import run_cell
+    from kernel_attention.training.checkpoint import load_checkpoint, save_checkpoint
+
+    c = get_study("synthetic-smoke").build(StudyOptions(scale="small"))[0][0]
+    monkeypatch.setenv("KA_STOP_AFTER", "3")  # killed after step 3; last.pt is step 2's
+    run_cell(c, tmp_path / "cell", "exact_match")
+    monkeypatch.delenv("KA_STOP_AFTER")
+    ck = load_checkpoint(tmp_path / "cell" / "last.pt")
+    assert ck["step"] == 2 and 0.0 < ck["elapsed_s"] < 600.0
+    ck["elapsed_s"] = 5000.0  # as if the first invocation had trained for 5000 s up to step 2
+    save_checkpoint(tmp_path / "cell" / "last.pt", ck)
+    rec = run_cell(c, tmp_path / "cell", "exact_match")
+    assert rec["status"] == "ok" and rec["steps"] == 6
+    assert 5000.0 < rec["wall_s"] < 5600.0
+    last = json.loads((tmp_path / "cell" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["wall_s"] > 5000.0
+
+
+def test_checkpoint_minutes_is_a_setting_of_the_invocation_not_of_the_cells(tmp_path, capsys):
+    """``--checkpoint-minutes`` reaches each cell's trainer (its last.pt records it) and leaves the cells'
+    configurations, so their keys, as they are; a value that is not positive is refused by name."""
+    from kernel_attention.cli import main
+    from kernel_attention.study.runner import cell_dir
+    from kernel_attention.training.checkpoint import load_checkpoint
+
+    out = tmp_path / "st"
+    assert main(["study", "synthetic-smoke", "--out", str(out), "--checkpoint-minutes", "0.5", "--no-figures"]) == 0
+    study = get_study("synthetic-smoke")
+    for c in study.build(StudyOptions(scale="small"))[0]:
+        d = cell_dir(out, study, c)
+        assert load_checkpoint(d / "last.pt")["config"]["checkpoint_minutes"] == 0.5
+        assert "checkpoint_minutes" not in json.dumps(c.config)
+        assert json.loads((d / "result.json").read_text())["config"] == c.key
+    for bad in ("0", "-1", "nan"):
+        assert main(["study", "synthetic-smoke", "--out", str(out), "--checkpoint-minutes", bad]) == 2
+        assert "--checkpoint-minutes must be > 0" in capsys.readouterr().err

@@ -175,3 +175,33 @@ def test_time_based_checkpoint_bounds_what_a_kill_loses(tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="checkpoint_minutes must be >= 0"):
         TrainConfig(max_steps=1, checkpoint_minutes=-1)
+
+
+def test_wall_time_counts_on_across_a_resume(tmp_path, monkeypatch):
+    """``wall_s`` is the run's training time: a resumed run goes on from its checkpoint's ``elapsed_s``, so an
+    interrupted run's log (and the time a study records) reads like the uninterrupted run's; the minutes the
+    kill lost after the checkpoint are not counted (they are trained again)."""
+    import kernel_attention.training.loop as loop
+
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "time", lambda: clock[0])
+
+    class Ticking(ToyTask):  # one minute per micro-batch
+        def loss(self, model, batch):
+            clock[0] += 60.0
+            return super().loss(model, batch)
+
+    cfg = dict(checkpoint_every=3, eval_every=0, accum_steps=1, max_steps=7)
+    Trainer(Ticking(), _cfg(**cfg), tmp_path / "full").fit()
+    Trainer(Ticking(), _cfg(**cfg, stop_after=5), tmp_path / "part").fit()
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["elapsed_s"] == 180.0
+    clock[0] += 3600.0  # the process was down for an hour
+    resumed = Trainer(Ticking(), _cfg(**cfg), tmp_path / "part")
+    assert resumed.resumed_elapsed == 180.0
+    resumed.fit()
+
+    def walls(d):
+        return [(r["step"], r["split"], r["wall_s"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+    assert walls(tmp_path / "part") == walls(tmp_path / "full")
+    assert [w for s, split, w in walls(tmp_path / "full") if split == "train"] == [60.0 * s for s in range(1, 8)]
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["elapsed_s"] == 420.0

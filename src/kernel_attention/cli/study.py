@@ -38,6 +38,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--nmt-data", default=None, help="NMT dataset (small: multi30k, paper: iwslt14)")
     p.add_argument("--lm-data", default=None, help="SP dataset (small: wikitext-2, paper: wikitext-103)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
+                   help="write each cell's last.pt at least every M minutes (default: the configs' "
+                   "train.checkpoint_minutes, 10), e.g. on a machine lent for a while; not part of a cell's "
+                   "configuration")
     p.add_argument("--retry-errors", action="store_true", help="run again cells that ended with an error")
     p.add_argument("--rerun-stale", action="store_true",
                    help="run again cells finished with another configuration than the current one (their "
@@ -64,6 +68,10 @@ def run(args) -> int:
     if args.seeds is not None and args.seeds < 1:
         print("kernel-attention study: --seeds must be >= 1", file=sys.stderr)
         return 2
+    if args.checkpoint_minutes is not None and not args.checkpoint_minutes > 0:
+        print(f"kernel-attention study: --checkpoint-minutes must be > 0, got {args.checkpoint_minutes}",
+              file=sys.stderr)
+        return 2
     try:
         study = get_study(args.name)
     except KeyError as e:
@@ -78,7 +86,8 @@ def run(args) -> int:
     try:
         execute(study.name, opts, args.out, command=command, retry_errors=args.retry_errors,
                 figures=not args.no_figures, log=lambda m: print(m, flush=True), run=not args.collect_only,
-                import_from=tuple(args.import_runs), rerun_stale=args.rerun_stale)
+                import_from=tuple(args.import_runs), rerun_stale=args.rerun_stale,
+                checkpoint_minutes=args.checkpoint_minutes)
     except ValueError as e:  # a runs.csv of another study or scale, an --only that selects nothing
         print(f"kernel-attention study: {e}", file=sys.stderr)
         return 2

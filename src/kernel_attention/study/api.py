@@ -30,7 +30,7 @@ def machine() -> str:
 
 def execute(name: str, options: StudyOptions, out: str | Path, command: str = "", retry_errors: bool = False,
             figures: bool = True, log=print, run: bool = True, import_from: tuple = (),
-            rerun_stale: bool = False) -> dict:
+            rerun_stale: bool = False, checkpoint_minutes: float | None = None) -> dict:
     """Import (``import_from``: runs.csv files, see :mod:`.carry`), run (unless ``run=False``) + collect;
     returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
     study = get_study(name)
@@ -46,7 +46,8 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
         command = command or recorded.get("command", "")
         host = recorded.get("machine", host)
     cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log, run=run,
-                                      import_from=import_from, rerun_stale=rerun_stale)
+                                      import_from=import_from, rerun_stale=rerun_stale,
+                                      checkpoint_minutes=checkpoint_minutes)
     for line in shrink:
         log(f"  {options.scale} scale: {line}")
     csv_path = write_csv(sdir / "runs.csv", study, results)

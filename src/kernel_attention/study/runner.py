@@ -7,7 +7,9 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
 
     {"cell": id, "table", "row", "col", "seed", "status": "ok" | "diverged" | "error", "metric",
      "valid": best validation score, "test": test score of the best-validation checkpoint,
-     "final_valid", "final_test", "best_step", "steps", "wall_s", "error": message | null, "tags",
+     "final_valid", "final_test", "best_step", "steps", "error": message | null, "tags",
+     "wall_s": seconds the cell took, over every invocation that trained it (the time up to the checkpoint
+     a resume started from, kept in it as ``elapsed_s``, plus the resuming invocation's),
      "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`),
      "config": the cell's configuration key (:attr:`.core.Cell.key`)}
 
@@ -65,8 +67,10 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(float(x))
 
 
-def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
-    """Train one cell (resuming from ``last.pt``) and return its result record."""
+def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float | None = None) -> dict[str, Any]:
+    """Train one cell (resuming from ``last.pt``) and return its result record.  ``checkpoint_minutes``:
+    write ``last.pt`` at least this often instead of the config's ``train.checkpoint_minutes`` (a setting of
+    the machine, such as a lease that ends, not of the run: the cell's configuration and key stay)."""
     from kernel_attention.config import dump_config
     from kernel_attention.study.probes import ProbedTask
     from kernel_attention.tasks.runner import prepare
@@ -79,17 +83,21 @@ def run_cell(cell: Cell, run_dir: Path, metric: str) -> dict[str, Any]:
                            "config": cell.key}
     t0 = time.time()
     summary: dict[str, Any] = {}
+    before = 0.0  # training time of earlier invocations, up to the checkpoint this one resumes from
     try:
         task, train_cfg = prepare(cfg)
+        if checkpoint_minutes is not None:
+            train_cfg = dataclasses.replace(train_cfg, checkpoint_minutes=checkpoint_minutes)
         if cell.tags.get("probe"):
             task = ProbedTask(task)
         dump_config(cfg, run_dir)
         trainer = Trainer(task, train_cfg, run_dir, resume=True, extra={"config": copy.deepcopy(cfg)})
+        before = trainer.resumed_elapsed
         summary = trainer.fit()
     except Exception as e:  # a cell failing must not stop the study; the message goes into the CSV
         rec["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
-    rec["wall_s"] = round(time.time() - t0, 1)
+    rec["wall_s"] = round(before + time.time() - t0, 1)
     rec["machine"] = numerics()
     rows = read_metrics(run_dir)
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
@@ -237,12 +245,13 @@ def _move_aside(d: Path, key: str) -> Path | None:
 
 
 def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
-              log=print, run: bool = True, import_from: tuple[str | Path, ...] = (), rerun_stale: bool = False
-              ) -> tuple[list[Cell], list[dict], list[str]]:
+              log=print, run: bool = True, import_from: tuple[str | Path, ...] = (), rerun_stale: bool = False,
+              checkpoint_minutes: float | None = None) -> tuple[list[Cell], list[dict], list[str]]:
     """Run every unfinished cell of ``study`` (``run=False``: none, only collect); returns
     ``(cells, results, shrink)``.  ``import_from``: runs.csv files whose finished cells are carried in
     first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding.  ``rerun_stale``: move
-    the folders of cells finished with another configuration aside and run them (module docstring)."""
+    the folders of cells finished with another configuration aside and run them (module docstring).
+    ``checkpoint_minutes``: how often each cell writes ``last.pt`` (:func:`run_cell`)."""
     cells, shrink = study.build(options)
     twins = twins_of(cells)  # over the whole grid: a twin outside ``options.only`` is carried too
 
@@ -305,7 +314,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
                 continue
             metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
             t0 = time.time()
-            rec = run_cell(c, d, metric)
+            rec = run_cell(c, d, metric, checkpoint_minutes=checkpoint_minutes)
             rec["scale"] = options.scale
             (d / "result.json").write_text(json.dumps(rec, indent=1, default=str))
         spent.append(time.time() - t0)

@@ -24,7 +24,8 @@ updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and 
 ``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
-"valid" | "test", <metrics>, "wall_s"}``; final records have ``"final": true``, the best checkpoint's test
+"valid" | "test", <metrics>, "wall_s"}``, ``wall_s`` the seconds the run has trained, counted on across
+resumes: a checkpoint keeps the time up to it, ``elapsed_s``, and a resumed run adds on from there; final records have ``"final": true``, the best checkpoint's test
 record ``"checkpoint": "best"``), ``last.pt``, ``best.pt`` (see :mod:`.checkpoint`), and TensorBoard event
 files when ``tensorboard=True`` and it is installed.
 
@@ -125,6 +126,8 @@ class Trainer:
         self.best: dict[str, Any] = {"metric": task.metric_for_selection, "value": None, "step": None}
         self.finished = False
         self.resumed_from: int | None = None
+        self.resumed_elapsed = 0.0  # seconds of training up to the checkpoint resumed from
+        self._t0: float | None = None  # when fit() began in this process
         if resume and (self.run_dir / "last.pt").is_file():
             self._restore(load_checkpoint(self.run_dir / "last.pt", map_location=self.device))
         elif self.is_main:
@@ -145,6 +148,7 @@ class Trainer:
             "rng": rng if rng is not None else [get_rng_state()],
             "step": self.step, "epoch": self.epoch, "position": self.position,
             "best": dict(self.best), "finished": self.finished,
+            "elapsed_s": self.elapsed(),
             "config": self.config.to_dict(), "extra": self.extra,
         }
 
@@ -169,6 +173,7 @@ class Trainer:
         self.step, self.epoch, self.position = ck["step"], ck["epoch"], ck["position"]
         self.best, self.finished = dict(ck["best"]), bool(ck.get("finished", False))
         self.resumed_from = self.step
+        self.resumed_elapsed = float(ck.get("elapsed_s", 0.0))  # checkpoints from before it: not known
         if self.is_main:
             self._truncate_metrics(self.step)
 
@@ -182,12 +187,18 @@ class Trainer:
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, path)
 
+    def elapsed(self) -> float:
+        """Seconds this run has trained: the resumed checkpoint's ``elapsed_s`` plus this process's time
+        since :meth:`fit` began (what a killed process did after its last checkpoint is not counted: it
+        is done again)."""
+        return self.resumed_elapsed + (time.time() - self._t0 if self._t0 is not None else 0.0)
+
     # -- logging ----------------------------------------------------------------------------------
     def log(self, record: dict[str, Any]) -> None:
         """Append one record to metrics.jsonl (rank 0 only) and to TensorBoard if enabled."""
         if not self.is_main:
             return
-        record = {"step": self.step, "epoch": self.epoch, **record, "wall_s": round(time.time() - self._t0, 3)}
+        record = {"step": self.step, "epoch": self.epoch, **record, "wall_s": round(self.elapsed(), 3)}
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._writer is not None:
