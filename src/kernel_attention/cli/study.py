@@ -52,7 +52,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--import-runs", action="append", default=[], metavar="CSV",
                    help="first carry the finished cells of a study's runs.csv (from another machine or an "
                    "earlier folder) into OUT, so they are skipped and collected with the new ones; repeatable")
-    p.add_argument("--list", action="store_true", help="list the studies and their cells, run nothing")
+    p.add_argument("--list", action="store_true",
+                   help="run nothing; without NAME list the studies, with NAME list its cells (--scale, --seeds, "
+                   "--only) and where each stands in --out: finished, stale, running, started (resumes from "
+                   "last.pt?) or to run")
     return p
 
 
@@ -61,7 +64,7 @@ def run(args) -> int:
 
     from kernel_attention.study import StudyOptions, execute, get_study, study_names
 
-    if args.list or not args.name:
+    if not args.name:
         for n in study_names():
             print(f"{n:22s} {get_study(n).title}")
         return 0 if args.list else 2
@@ -77,10 +80,18 @@ def run(args) -> int:
     except KeyError as e:
         print(f"kernel-attention study: {e.args[0]}", file=sys.stderr)
         return 2
-    torch.set_num_threads(max(1, args.threads))
     opts = StudyOptions(scale=args.scale, seeds=args.seeds, data=args.data,
                         only=tuple(x for x in args.only.split(",") if x), nmt_data=args.nmt_data,
                         lm_data=args.lm_data)
+    if args.list:
+        from kernel_attention.study.states import cell_states, format_states
+        try:
+            print(format_states(cell_states(study, opts, args.out)))
+        except ValueError as e:  # an --only that selects nothing
+            print(f"kernel-attention study: {e}", file=sys.stderr)
+            return 2
+        return 0
+    torch.set_num_threads(max(1, args.threads))
     command = "" if args.collect_only else "kernel-attention study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if len(sys.argv) > 2 and sys.argv[1] == "study" else f"kernel-attention study {study.name} --scale {args.scale}"
     try:

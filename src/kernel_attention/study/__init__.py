@@ -9,9 +9,10 @@ N seeds -> its test score; IKA: mean ± std) into ``OUT/<study>/runs.csv`` (ever
 ``OUT/<study>/table.md`` (ours beside the paper's, and what the ``small`` scale shrank), with the papers'
 figures in ``OUT/<study>/figures/``.
 
-Modules: core (Cell, Study, TableSpec, registry), runner (cells, resume, progress), carry (finished cells
-imported from a runs.csv), report (protocols, CSV, markdown), figures, probes (similarity/magnitude,
-attention capture), dissection / ika / smoke (the studies), api (execute).
+Modules: core (Cell, Study, TableSpec, registry), runner (cells, resume, progress), twins (equal cells train
+once), carry (finished cells imported from a runs.csv), states (where each cell stands, ``--list``), report
+(protocols, CSV, markdown), figures, probes (similarity/magnitude, attention capture), dissection / ika / smoke
+(the studies), api (execute).
 """
 
 from kernel_attention.study.api import execute

@@ -55,7 +55,8 @@ from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.study.twins import finished_twin, twins_of
 from kernel_attention.training.loop import read_metrics
 
-__all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock"]
+__all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
+           "running_elsewhere"]
 
 
 def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
@@ -151,7 +152,7 @@ def _recorded_key(rec: dict, d: Path, cell: Cell) -> str | None:
     return None
 
 
-def _stale(rec: dict, d: Path, cell: Cell) -> bool:
+def is_stale(rec: dict, d: Path, cell: Cell) -> bool:
     """Whether the record ``rec`` of the cell folder ``d`` was run with another configuration than ``cell``'s
     (module docstring).  Sets ``rec["config"]`` where the folder's config.yaml tells it."""
     key = _recorded_key(rec, d, cell)
@@ -168,7 +169,7 @@ def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]
         p = cell_dir(out, study, c) / "result.json"
         if p.is_file():
             r = json.loads(p.read_text())
-            if _stale(r, p.parent, c):
+            if is_stale(r, p.parent, c):
                 continue
             if "unit_factor" not in r:
                 f = unit_factor(c.config)
@@ -179,7 +180,21 @@ def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]
     return res
 
 
-def _running_elsewhere(d: Path) -> bool:
+def select_cells(cells: list[Cell], only: tuple[str, ...], study_name: str) -> list[Cell]:
+    """The cells that ``only`` (``--only``) names: each item a table, row or column id, or ``a/b`` for the
+    cells that match both; all cells when ``only`` is empty.  Raises ValueError when it selects none."""
+    if not only:
+        return cells
+
+    def match(c: Cell, item: str) -> bool:
+        return all(part in (c.table, c.row, c.col) for part in item.split("/"))
+    chosen = [c for c in cells if any(match(c, item) for item in only)]
+    if not chosen:
+        raise ValueError(f"--only {list(only)} selects no cell of study {study_name}")
+    return chosen
+
+
+def running_elsewhere(d: Path) -> bool:
     """Whether another process holds the lock of cell folder ``d`` (without creating the folder)."""
     if not d.is_dir():
         return False
@@ -226,7 +241,7 @@ def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, str]]:
         p = dir_of(c) / "result.json"
         if p.is_file():
             rec = json.loads(p.read_text())
-            if _stale(rec, p.parent, c):
+            if is_stale(rec, p.parent, c):
                 out.append((c, rec["config"]))
     return out
 
@@ -259,7 +274,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         return cell_dir(out, study, c)
 
     def carry(c: Cell) -> bool:
-        rec = finished_twin(c, twins.get(c.id, []), dir_of, _stale)
+        rec = finished_twin(c, twins.get(c.id, []), dir_of, is_stale)
         if rec is not None:
             dir_of(c).mkdir(parents=True, exist_ok=True)
             (dir_of(c) / "result.json").write_text(json.dumps(rec, indent=1, default=str))
@@ -271,12 +286,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         log(f"study {study.name}: imported {n['imported']} finished cell(s) from {path} "
             f"({n['already_finished']} already finished here, {n['outside_grid']} outside this grid, "
             f"{n['other_config']} run with another configuration)")
-    if options.only:
-        def match(c, item):  # "a/b": the cell must match a and b (each a table, row or column id)
-            return all(part in (c.table, c.row, c.col) for part in item.split("/"))
-        cells = [c for c in cells if any(match(c, item) for item in options.only)]
-        if not cells:
-            raise ValueError(f"--only {list(options.only)} selects no cell of study {study.name}")
+    cells = select_cells(cells, options.only, study.name)
     ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError(f"study {study.name}: duplicate cell ids")
@@ -307,7 +317,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
                 continue
             if carry(c):
                 continue
-            busy = next((t.id for t in twins.get(c.id, []) if _running_elsewhere(dir_of(t))), None)
+            busy = next((t.id for t in twins.get(c.id, []) if running_elsewhere(dir_of(t))), None)
             if busy is not None:
                 log(f"[{study.name}] {c.id}: its twin {busy} (the same configuration) is running in another "
                     f"process, skipped; a later invocation carries its result over")

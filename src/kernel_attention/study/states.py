@@ -1,0 +1,76 @@
+"""Where each cell of a study stands in an output folder, read without running or locking anything.
+
+    kernel-attention study ika-regression --scale paper --seeds 10 --out studies --list
+
+One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's order:
+
+- ``finished``: ``result.json`` with the current configuration; ``status`` ("ok", "diverged", "error"), the
+  test score, and the twin it was carried from (``same_config_as``, :mod:`.twins`) if any;
+- ``stale``: finished with another configuration (:mod:`.runner`): left out of the table, ``--rerun-stale``
+  runs it;
+- ``running``: another process holds the cell's lock;
+- ``started``: a run began and did not finish; ``detail`` gives its last logged step and training time (a
+  resume goes back to the step of ``last.pt``, at most ``train.checkpoint_minutes`` earlier), and whether a
+  ``last.pt`` is there to resume from (without one the next run starts over);
+- ``to run``: nothing yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from kernel_attention.study.core import Cell, Study, StudyOptions
+from kernel_attention.study.runner import cell_dir, is_stale, running_elsewhere, select_cells
+from kernel_attention.training.loop import read_metrics
+
+__all__ = ["CellState", "cell_states", "format_states"]
+
+STATES = ("finished", "stale", "running", "started", "to run")
+
+
+@dataclasses.dataclass(frozen=True)
+class CellState:
+    cell: Cell
+    state: str  # one of STATES
+    detail: str = ""
+
+
+def _state(c: Cell, d: Path) -> CellState:
+    res = d / "result.json"
+    if res.is_file():
+        rec = json.loads(res.read_text())
+        if is_stale(rec, d, c):  # a legacy record gets its key from the folder's config.yaml here
+            return CellState(c, "stale", f"ran with configuration {rec['config']}, the grid's is {c.key}")
+        test = rec.get("test")
+        detail = f"{rec.get('status')}, test {test:.6g}" if isinstance(test, (int, float)) else f"{rec.get('status')}"
+        if rec.get("same_config_as"):
+            detail += f", carried from {rec['same_config_as']}"
+        elif rec.get("error"):
+            detail += f": {str(rec['error'])[:80]}"
+        return CellState(c, "finished", detail)
+    if running_elsewhere(d):
+        return CellState(c, "running")
+    rows = read_metrics(d)
+    if rows or (d / "last.pt").is_file():
+        last = rows[-1] if rows else {}
+        where = f"logged to step {last.get('step')} ({last.get('wall_s', 0):.0f} s)" if rows else "no log"
+        resume = "resumes from last.pt" if (d / "last.pt").is_file() else "no last.pt: starts over"
+        return CellState(c, "started", f"{where}; {resume}")
+    return CellState(c, "to run")
+
+
+def cell_states(study: Study, options: StudyOptions, out: str | Path) -> list[CellState]:
+    """The state of each cell of ``study`` (``options`` as for a run) under ``out``."""
+    cells = select_cells(study.build(options)[0], options.only, study.name)
+    return [_state(c, cell_dir(out, study, c)) for c in cells]
+
+
+def format_states(states: list[CellState]) -> str:
+    """One line per cell, then the count of each state."""
+    width = max((len(s.cell.id) for s in states), default=0)
+    lines = [f"{s.cell.id:{width}s}  {s.state:8s}  {s.detail}".rstrip() for s in states]
+    counts = {k: sum(s.state == k for s in states) for k in STATES}
+    lines.append(f"{len(states)} cells: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
+    return "\n".join(lines)
