@@ -296,3 +296,21 @@ def test_checkpoint_minutes_is_a_setting_of_the_invocation_not_of_the_cells(tmp_
     for bad in ("0", "-1", "nan"):
         assert main(["study", "synthetic-smoke", "--out", str(out), "--checkpoint-minutes", bad]) == 2
         assert "--checkpoint-minutes must be > 0" in capsys.readouterr().err
+
+
+def test_wall_time_line_names_each_machine_the_cells_ran_on():
+    """Cells run on two machines and collected in one folder: the table's wall time is split by the machine
+    each record names, not given to the collecting host alone."""
+    from kernel_attention.study.report import render_tables
+
+    study = get_study("synthetic-smoke")
+    rec = {"table": "copy", "row": "exp", "col": "copy", "status": "ok", "valid": 0.5, "test": 0.5}
+    cpu, gpu = "AMD EPYC (AVX512), torch 2.13.0+cpu", "Intel Xeon, torch 2.11.0+cu130, GPU NVIDIA H100"
+    runs = [dict(rec, seed=1, machine=cpu, wall_s=600), dict(rec, seed=2, machine=cpu, wall_s=300),
+            dict(rec, seed=3, machine=gpu, wall_s=120), dict(rec, seed=4, machine="", wall_s=60)]
+    line = next(x for x in render_tables(study, runs, [], "small", wall_s=1080, machine="host").splitlines()
+                if x.startswith("Wall time"))
+    assert line == (f"Wall time of the cells (sum): 18.0 min: 15.0 min on {cpu} (2 cells); 2.0 min on {gpu} "
+                    "(1 cell); 1.0 min on machines not recorded (1 cell).")
+    one = render_tables(study, runs[:2], [], "small", wall_s=900, machine="host")
+    assert "Wall time of the cells (sum): 15.0 min on host." in one

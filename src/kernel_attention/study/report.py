@@ -87,6 +87,26 @@ def summarize_cell(protocol: str, table: TableSpec, runs: list[dict]) -> dict[st
     return {"text": f"{s.mean:.{dg}f}±{s.std:.{dg}f}{note}", "value": s.mean, "std": s.std, "n": len(runs)}
 
 
+def _wall_line(results: list[dict], wall_s: float, machine: str) -> str:
+    """The summed wall time of the cells, on ``machine`` (the invocation's host); when the records name more
+    than one machine (``machine``: cells run on a CPU and a GPU, say, and collected in one folder), the sum
+    per machine the records name instead, since one host would misname the others' cells."""
+    named: dict[str, list[float]] = {}
+    for r in results:
+        if r.get("machine"):
+            named.setdefault(r["machine"], []).append(float(r.get("wall_s") or 0))
+    if len(named) <= 1:
+        return f"Wall time of the cells (sum): {wall_s / 60:.1f} min{(' on ' + machine) if machine else ''}."
+    def cells(n: int) -> str:
+        return f"{n} cell{'s' if n != 1 else ''}"
+    parts = [f"{sum(w) / 60:.1f} min on {m} ({cells(len(w))})" for m, w in sorted(named.items())]
+    unnamed = [r for r in results if not r.get("machine")]
+    if unnamed:
+        parts.append(f"{sum(float(r.get('wall_s') or 0) for r in unnamed) / 60:.1f} min on machines not recorded "
+                     f"({cells(len(unnamed))})")
+    return f"Wall time of the cells (sum): {wall_s / 60:.1f} min: " + "; ".join(parts) + "."
+
+
 def render_tables(study: Study, results: list[dict], shrink: list[str], scale: str, command: str = "",
                   wall_s: float | None = None, machine: str = "") -> str:
     """The markdown of table.md: one table per TableSpec, ours then paper per column."""
@@ -96,7 +116,7 @@ def render_tables(study: Study, results: list[dict], shrink: list[str], scale: s
     if command:
         lines += ["", f"Command: `{command}`"]
     if wall_s is not None:
-        lines += [f"Wall time of the cells (sum): {wall_s / 60:.1f} min{(' on ' + machine) if machine else ''}."]
+        lines += [_wall_line(results, wall_s, machine)]
     if shrink:
         lines += ["", "What this scale changes relative to the paper's configuration:", ""]
         lines += [f"- {s}" for s in shrink]
