@@ -201,7 +201,8 @@ def test_wall_time_counts_on_across_a_resume(tmp_path, monkeypatch):
     resumed.fit()
 
     def walls(d):
-        return [(r["step"], r["split"], r["wall_s"]) for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())]
+        rows = map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+        return [(r["step"], r["split"], r["wall_s"]) for r in rows]
     assert walls(tmp_path / "part") == walls(tmp_path / "full")
     assert [w for s, split, w in walls(tmp_path / "full") if split == "train"] == [60.0 * s for s in range(1, 8)]
     assert load_checkpoint(tmp_path / "part" / "last.pt")["elapsed_s"] == 420.0

@@ -97,6 +97,7 @@ def _wall_line(results: list[dict], wall_s: float, machine: str) -> str:
             named.setdefault(r["machine"], []).append(float(r.get("wall_s") or 0))
     if len(named) <= 1:
         return f"Wall time of the cells (sum): {wall_s / 60:.1f} min{(' on ' + machine) if machine else ''}."
+
     def cells(n: int) -> str:
         return f"{n} cell{'s' if n != 1 else ''}"
     parts = [f"{sum(w) / 60:.1f} min on {m} ({cells(len(w))})" for m, w in sorted(named.items())]

@@ -1,4 +1,5 @@
-"""Where each cell of a study stands in an output folder, read without running or locking anything.
+"""Where each cell of a study stands in an output folder, read without running anything (a cell's lock is
+only tried and let go, as the runner tries it, to tell a cell another process is training).
 
     kernel-attention study ika-regression --scale paper --seeds 10 --out studies --list
 
@@ -12,7 +13,8 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
 - ``started``: a run began and did not finish; ``detail`` gives its last logged step and training time (a
   resume goes back to the step of ``last.pt``, at most ``train.checkpoint_minutes`` earlier), and whether a
   ``last.pt`` is there to resume from (without one the next run starts over);
-- ``to run``: nothing yet.
+- ``to run``: nothing yet (a cell whose twin has finished is carried over when a run or ``--collect-only``
+  reaches it, :mod:`.twins`).
 """
 
 from __future__ import annotations

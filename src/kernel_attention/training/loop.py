@@ -24,10 +24,10 @@ updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and 
 ``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
-"valid" | "test", <metrics>, "wall_s"}``, ``wall_s`` the seconds the run has trained, counted on across
-resumes: a checkpoint keeps the time up to it, ``elapsed_s``, and a resumed run adds on from there; final records have ``"final": true``, the best checkpoint's test
+"valid" | "test", <metrics>, "wall_s"}``; final records have ``"final": true``, the best checkpoint's test
 record ``"checkpoint": "best"``), ``last.pt``, ``best.pt`` (see :mod:`.checkpoint`), and TensorBoard event
-files when ``tensorboard=True`` and it is installed.
+files when ``tensorboard=True`` and it is installed.  ``wall_s`` is the seconds the run has trained, counted
+on across resumes: a checkpoint keeps the time up to it (``elapsed_s``) and a resumed run adds on from there.
 
 Exact resume: with ``resume=True`` and a ``last.pt`` in ``run_dir``, the trainer restores weights,
 optimiser, scaler, every RNG (per rank), the step, the epoch and the micro-batch position inside it,
