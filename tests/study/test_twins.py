@@ -140,3 +140,38 @@ def test_a_result_of_another_configuration_is_stale(tmp_path):
     assert (aside / "result.json").is_file() and (aside / "last.pt").is_file()  # named by the key it ran with
     (now,) = [c for c in cells if c.id == cell.id]
     assert len(results) == 1 and results[0]["config"] == now.key != cell.key
+
+
+def test_a_cell_of_another_study_with_the_same_configuration_is_carried_over(tmp_path):
+    """Studies sharing an output folder (TD Tables 1 and 3 share cells): a finished cell of one is carried into
+    the other, named ``<study>/<cell>``, and a cell carried that way passes on the cell that trained."""
+    out = tmp_path / "out"
+    run_study(_study(), StudyOptions(scale="small", only=("a/exp",)), out, log=lambda m: None)
+    trained = "twins/a__exp__x__s0"
+
+    def other(name: str) -> Study:
+        def build(opts):
+            return [Cell(name, "t", "exp", "x", 0, _config("exp", 4)),
+                    Cell(name, "t", "rbf", "x", 0, {**_config("rbf", 4), "seed": 7})], []
+        return Study(name, name, "best_valid", [TableSpec("t", "t", "exact_match", True, [("exp", "exp"),
+                     ("rbf", "rbf")], [("x", "x")], {})], build, {"small": 1, "paper": 1})
+
+    for name in ("second", "third"):  # third finds the record in twins and the one carried into second
+        logs = []
+        _, results, _ = run_study(other(name), StudyOptions(scale="small"), out, log=logs.append)
+        assert any(f"t__exp__x__s0: the configuration of {trained}, its result carried over" in m for m in logs)
+        exp, rbf = (out / name / "cells" / f"t__{r}__x__s0" for r in ("exp", "rbf"))
+        assert json.loads((exp / "result.json").read_text())["same_config_as"] == trained
+        assert not (exp / "last.pt").exists() and len(results) == 2
+        # rbf's seed differs from every cell of twins: second trains it, third carries it from second
+        assert (rbf / "last.pt").is_file() == (name == "second")
+        assert json.loads((rbf / "result.json").read_text()).get("same_config_as") == \
+            (None if name == "second" else "second/t__rbf__x__s0")
+
+    # a record that failed is not carried
+    for p in out.glob("*/cells/*exp__x__s0/result.json"):
+        p.write_text(json.dumps({**json.loads(p.read_text()), "status": "error"}))
+    logs = []
+    run_study(other("fourth"), StudyOptions(scale="small", only=("exp",)), out, log=logs.append)
+    assert not any("carried over" in m for m in logs)
+    assert (out / "fourth" / "cells" / "t__exp__x__s0" / "last.pt").is_file()

@@ -22,8 +22,9 @@ against the ``config.yaml`` its run wrote into the cell folder; one without eith
 older runs.csv) is taken as it is.
 
 The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
-So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`) is not
-trained again: the twin's record is carried over, ``"same_config_as"`` naming it.
+So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`), or of a
+finished cell of another study under the same ``out``, is not trained again: that record is carried over,
+``"same_config_as"`` naming its cell.
 
 "diverged": a non-finite training loss or validation score (TD's "not converge"); "error": an exception
 (its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).
@@ -52,7 +53,7 @@ from typing import Any
 from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
-from kernel_attention.study.twins import finished_twin, twins_of
+from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
 from kernel_attention.training.loop import read_metrics
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
@@ -273,8 +274,10 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     def dir_of(c: Cell) -> Path:
         return cell_dir(out, study, c)
 
+    elsewhere = other_studies_results(out, study.name)
+
     def carry(c: Cell) -> bool:
-        rec = finished_twin(c, twins.get(c.id, []), dir_of, is_stale)
+        rec = finished_twin(c, twins.get(c.id, []), dir_of, is_stale) or finished_elsewhere(c, elsewhere.get(c.key, []))
         if rec is not None:
             dir_of(c).mkdir(parents=True, exist_ok=True)
             (dir_of(c) / "result.json").write_text(json.dumps(rec, indent=1, default=str))

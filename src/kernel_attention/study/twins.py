@@ -1,4 +1,4 @@
-"""Cells of one study whose configurations are equal train once.
+"""Cells whose configurations are equal train once: within a study, and across the studies of one ``--out``.
 
 Two cells are *twins* when their configurations are equal (:attr:`Cell.key <.core.Cell.key>`: numbers
 compared by value, the probe flag included).  IKA Table 4's p sweep at p = 3, for instance, is the
@@ -12,6 +12,13 @@ counts the run once).  A twin that failed ("error") is not carried: the cell run
 trained by another process the cell is skipped; a later invocation (``--collect-only`` included) carries it
 over.  Carried cells have no training log, like imported ones (:mod:`.carry`), so the training-curve figures
 show the run once.
+
+Across studies: Transformer Dissection Tables 1 and 3 share three cells per seed (Eq. 9 and Vaswani's sum on
+SP, Eq. 9 everywhere on NMT).  A cell with no finished twin in its own study takes the record of a finished
+cell of another study under the same output folder whose record names the cell's configuration key
+(``"config"``; records written before keys were recorded are not matched), ``same_config_as`` then reading
+``<study>/<cell>``.  The other studies' records are indexed once per invocation; one that finishes later, or
+is running, is not waited for: the cell trains (the same run again).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Callable
 
 from kernel_attention.study.core import Cell
 
-__all__ = ["twins_of", "finished_twin"]
+__all__ = ["twins_of", "finished_twin", "other_studies_results", "finished_elsewhere"]
 
 #: Statuses of a twin's record that are carried over (a deterministic outcome of the configuration).
 CARRIED = ("ok", "diverged")
@@ -48,8 +55,41 @@ def finished_twin(cell: Cell, twins: list[Cell], dir_of: Callable[[Cell], Path],
         rec = json.loads(p.read_text())
         if rec.get("status") not in CARRIED or stale(rec, p.parent, t):
             continue
-        rec.update(cell=cell.id, table=cell.table, row=cell.row, col=cell.col, seed=cell.seed, tags=cell.tags,
-                   wall_s=0.0, same_config_as=t.id)
-        rec.pop("imported_from", None)  # the twin's provenance; this record's is same_config_as
-        return rec
+        return _carried(rec, cell, t.id)
+    return None
+
+
+def _carried(rec: dict, cell: Cell, source: str) -> dict:
+    """``rec`` as ``cell``'s own record, carried from the cell named ``source``."""
+    rec.update(cell=cell.id, table=cell.table, row=cell.row, col=cell.col, seed=cell.seed, tags=cell.tags,
+               wall_s=0.0, same_config_as=source)
+    rec.pop("imported_from", None)  # the source's provenance; this record's is same_config_as
+    return rec
+
+
+def other_studies_results(out: str | Path, study_name: str) -> dict[str, list[Path]]:
+    """For each configuration key, the ``result.json`` files under ``out/<study>/cells/`` of the studies other
+    than ``study_name`` whose records name it (module docstring)."""
+    index: dict[str, list[Path]] = {}
+    for p in sorted(Path(out).glob("*/cells/*/result.json")):
+        if p.parts[-4] == study_name:
+            continue
+        try:
+            key = json.loads(p.read_text()).get("config")
+        except (OSError, json.JSONDecodeError):  # being written by another process: not indexed this time
+            continue
+        if key:
+            index.setdefault(key, []).append(p)
+    return index
+
+
+def finished_elsewhere(cell: Cell, paths: list[Path]) -> dict | None:
+    """The record to write as ``cell``'s ``result.json`` when one of ``paths`` (another study's results with
+    ``cell``'s key, :func:`other_studies_results`) holds a carried status, else None."""
+    for p in paths:
+        rec = json.loads(p.read_text())
+        if rec.get("status") not in CARRIED or rec.get("config") != cell.key:
+            continue
+        origin = rec.get("same_config_as") or p.parts[-2]  # the cell that trained, if this one was carried
+        return _carried(rec, cell, origin if "/" in origin else f"{p.parts[-4]}/{origin}")
     return None
