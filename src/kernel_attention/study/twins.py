@@ -87,7 +87,10 @@ def finished_elsewhere(cell: Cell, paths: list[Path]) -> dict | None:
     """The record to write as ``cell``'s ``result.json`` when one of ``paths`` (another study's results with
     ``cell``'s key, :func:`other_studies_results`) holds a carried status, else None."""
     for p in paths:
-        rec = json.loads(p.read_text())
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):  # moved aside (--rerun-stale) by another process since indexed
+            continue
         if rec.get("status") not in CARRIED or rec.get("config") != cell.key:
             continue
         origin = rec.get("same_config_as") or p.parts[-2]  # the cell that trained, if this one was carried
