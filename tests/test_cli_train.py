@@ -138,6 +138,7 @@ def test_ika_table4_configs_drop_what_the_official_code_drops():
     from kernel_attention.models import MODELS
 
     paths = sorted((ROOT / "configs" / "implicit_kernel_attention" / "table4").glob("*.yaml"))
+    paths = [p for p in paths if "_gp_" not in p.name]  # the GP rows have no attention
     assert len(paths) == 15
     for path in paths:
         model = dict(load_config(path)["model"])

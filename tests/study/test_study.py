@@ -314,3 +314,49 @@ def test_wall_time_line_names_each_machine_the_cells_ran_on():
                     "(1 cell); 1.0 min on machines not recorded (1 cell).")
     one = render_tables(study, runs[:2], [], "small", wall_s=900, machine="host")
     assert "Wall time of the cells (sum): 15.0 min on host." in one
+
+
+def test_regression_study_runs_the_gp_rows_on_the_attention_rows_splits():
+    """IKA Table 4's GP (RBF) and GP (SM) rows are cells like the others: a GP model on the very task (data,
+    scaling, split, selection) of the Transformer's cell of the same column and split."""
+    study = get_study("ika-regression")
+    for scale in ("small", "paper"):
+        cells, _ = study.build(StudyOptions(scale=scale, seeds=2))
+        by = {(c.row, c.col, c.seed): c.config for c in cells if c.table == "t4"}
+        for ds in ("co2", "airline", "housing", "concrete", "parkinsons"):
+            for split in (0, 1):
+                transformer = by[("transformer", ds, split)]
+                for row, kernel in (("gp_rbf", "rbf"), ("gp_sm", "sm")):
+                    gp = by[(row, ds, split)]
+                    assert gp["model"]["name"] == "gp" and gp["model"]["kernel"] == kernel
+                    assert gp["task"] == transformer["task"] and gp["data"] == transformer["data"]
+                    assert gp["train"]["max_epochs"] == (100 if scale == "small" else 200)
+    labels = dict(study.tables[0].rows)
+    assert labels["gp_rbf"] == "GP (RBF)" and labels["gp_sm"] == "GP (SM)"
+
+
+def test_regression_curves_leave_the_gp_rows_out(tmp_path):
+    """The GP rows train on a negative log likelihood (negative, on other axes than the MSE): Table 4's curves
+    draw the attention rows alone, and a column only a GP logged gets no panel."""
+    import matplotlib.image
+
+    from kernel_attention.study.ika import _reg_figures
+
+    cells = [c for c in get_study("ika-regression").build(StudyOptions(scale="small", seeds=1))[0]
+             if c.table == "t4" and c.col in ("co2", "housing")]
+    dir_of = lambda c: tmp_path / c.id  # noqa: E731
+
+    def log(cell, losses):
+        dir_of(cell).mkdir(parents=True, exist_ok=True)
+        (dir_of(cell) / "metrics.jsonl").write_text("\n".join(
+            json.dumps({"split": "train", "step": s, "loss": v}) for s, v in enumerate(losses, start=1)))
+    for c in cells:
+        if c.row.startswith("gp_"):
+            log(c, [0.5, -1.0, -2.0])
+    assert _reg_figures(tmp_path / "fig", cells, dir_of, []) == []
+    log(next(c for c in cells if c.row == "transformer" and c.col == "co2"), [1.0, 0.5, 0.2])
+    (one,) = _reg_figures(tmp_path / "fig", cells, dir_of, [])
+    one_width = matplotlib.image.imread(one).shape[1]
+    log(next(c for c in cells if c.row == "mikan" and c.col == "housing"), [1.0, 0.5, 0.2])
+    (two,) = _reg_figures(tmp_path / "fig2", cells, dir_of, [])
+    assert one_width < 0.75 * matplotlib.image.imread(two).shape[1]  # Housing's GP curves opened no panel

@@ -6,6 +6,7 @@
     regressor.py       SequenceRegressor    IKA regression: the whole dataset as one sequence
     lstm.py            TNLSTM, AblatedLSTM  Transformer Networks Eqs. 13-21 with the Eq. 19 weights
     node_classifier.py NodeClassifier       two GAT layers over an edge list (graph.py's GraphAttention)
+    gp.py              GPRegressor          exact GP regression (RBF, spectral mixture), IKA Table 4's GP rows
     common.py          attention configs per place, scaled embeddings, collect_decompositions
 
 ``MODELS`` builds any of them by name with typed parameters; the sizes a task knows (vocabulary sizes,
@@ -71,6 +72,22 @@ MODELS.register("regressor", [
     Param("d_ff", int, None, optional=True, **_pos), Param("dropout", float, 0.0, **_prob),
     Param("attention", dict, None, optional=True),
 ], doc="IKA regression: the whole dataset as one sequence")(SequenceRegressor)
+
+
+def _gp(in_features: int, *, kernel: str = "rbf", mixtures: int = 4, restarts: int = 10, out_features: int = 1):
+    """exact Gaussian-process regression (GPyTorch), the GP rows of IKA Table 4"""
+    try:  # GPyTorch is the optional 'baselines' extra: the attention models do not need it
+        from kernel_attention.models.gp import GPRegressor
+    except ImportError as e:
+        raise ImportError(f"model 'gp' needs GPyTorch ({e}); install it with: pip install "
+                          "'kernel-attention[baselines]'") from e
+    return GPRegressor(in_features, kernel=kernel, mixtures=mixtures, restarts=restarts, out_features=out_features)
+
+
+MODELS.register("gp", [
+    Param("kernel", str, "rbf", choices=("rbf", "sm")), Param("mixtures", int, 4, doc="sm: Q", **_pos),
+    Param("restarts", int, 10, doc="sm: initial draws tried, the likeliest kept", **_pos),
+])(_gp)
 
 MODELS.register("lstm", [
     Param("activation", str, "sigmoid", choices=("sigmoid", "tanh")), Param("bias", bool, False),
