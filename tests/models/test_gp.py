@@ -32,14 +32,16 @@ def _reference(kxx, kzx, y, noise, c):
     return nll / n, c + kzx @ alpha
 
 
-def test_rbf_gp_marginal_likelihood_gradients_and_mean_match_a_cholesky(tmp_path):
+@pytest.mark.parametrize("ard", [True, False])
+def test_rbf_gp_marginal_likelihood_gradients_and_mean_match_a_cholesky(ard):
     x, y = _data()
     z = torch.randn(7, 2, dtype=torch.float64)
-    model = GPRegressor(2, kernel="rbf")
+    model = MODELS.create({"name": "gp", "kernel": "rbf", "ard": ard}, in_features=2)
     model.condition(x, y)
     covar = model.gp.covar_module
+    assert covar.base_kernel.lengthscale.shape == ((1, 2) if ard else (1, 1))
     with torch.no_grad():  # away from the defaults, so that a swapped parameter would show
-        covar.base_kernel.lengthscale = torch.tensor([[0.7, 1.9]], dtype=torch.float64)
+        covar.base_kernel.lengthscale = torch.tensor([[0.7, 1.9]] if ard else [[1.3]], dtype=torch.float64)
         covar.outputscale = 1.3
         model.gp.likelihood.noise = 0.05
         model.gp.mean_module.constant.fill_(0.2)
@@ -180,3 +182,14 @@ def test_an_interrupted_gp_run_resumes_exactly(tmp_path):
     assert a.keys() == b.keys() and any("raw_means" in k for k in a)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+def test_gp_refuses_to_train_data_parallel():
+    task, _ = _sine_task("rbf")
+
+    class Wrapped(torch.nn.Module):  # what DistributedDataParallel looks like to unwrap()
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+    with pytest.raises(RuntimeError, match="trains in one process"):
+        task.loss(Wrapped(task.build_model()), next(iter(task.train_batches(0))))

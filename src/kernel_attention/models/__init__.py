@@ -74,19 +74,22 @@ MODELS.register("regressor", [
 ], doc="IKA regression: the whole dataset as one sequence")(SequenceRegressor)
 
 
-def _gp(in_features: int, *, kernel: str = "rbf", mixtures: int = 4, restarts: int = 10, out_features: int = 1):
+def _gp(in_features: int, *, kernel: str = "rbf", mixtures: int = 4, restarts: int = 10, ard: bool = True,
+        out_features: int = 1):
     """exact Gaussian-process regression (GPyTorch), the GP rows of IKA Table 4"""
     try:  # GPyTorch is the optional 'baselines' extra: the attention models do not need it
         from kernel_attention.models.gp import GPRegressor
     except ImportError as e:
         raise ImportError(f"model 'gp' needs GPyTorch ({e}); install it with: pip install "
                           "'kernel-attention[baselines]'") from e
-    return GPRegressor(in_features, kernel=kernel, mixtures=mixtures, restarts=restarts, out_features=out_features)
+    return GPRegressor(in_features, kernel=kernel, mixtures=mixtures, restarts=restarts, ard=ard,
+                       out_features=out_features)
 
 
 MODELS.register("gp", [
     Param("kernel", str, "rbf", choices=("rbf", "sm")), Param("mixtures", int, 4, doc="sm: Q", **_pos),
     Param("restarts", int, 10, doc="sm: initial draws tried, the likeliest kept", **_pos),
+    Param("ard", bool, True, doc="rbf: one length-scale per input (false: one for all)"),
 ])(_gp)
 
 MODELS.register("lstm", [

@@ -8,7 +8,7 @@ r"""Gaussian-process regression: the GP (RBF) and GP (SM) rows of IKA Table 4, o
 The hyper-parameters θ (kernel parameters, noise σ², constant mean c) are fitted by maximising the marginal
 likelihood with the trainer's optimiser, one full-batch step per epoch.  Kernels, τ = x - x':
 
-    rbf:  k(x, x') = s · exp(-½ Σ_d τ_d² / ℓ_d²)                                  (one length-scale per input)
+    rbf:  k(x, x') = s · exp(-½ Σ_d τ_d² / ℓ_d²)           (one length-scale per input; ``ard=False``: one ℓ)
     sm:   k(x, x') = Σ_q w_q · exp(-2π² Σ_d v_qd τ_d²) · cos(2π μ_qᵀ τ)           (Q = ``mixtures``)
 
 ``sm`` is the spectral mixture kernel of Wilson & Adams (2013): the inverse Fourier transform of the spectral
@@ -139,18 +139,20 @@ class GPRegressor(nn.Module):
 
     Args:
         in_features: F.  kernel: ``"rbf"`` or ``"sm"``.  mixtures: Q of ``sm``.  restarts: initial draws of
-            ``sm`` tried, the likeliest kept.  out_features: must be 1.
+            ``sm`` tried, the likeliest kept.  ard: ``rbf`` with one length-scale per input (else one for all).
+            out_features: must be 1.
     """
 
     def __init__(self, in_features: int, *, kernel: str = "rbf", mixtures: int = 4, restarts: int = 10,
-                 out_features: int = 1):
+                 ard: bool = True, out_features: int = 1):
         super().__init__()
         if kernel not in GP_KERNELS:
             raise ValueError(f"model 'gp': unknown kernel {kernel!r}; accepted: {', '.join(GP_KERNELS)}")
         if out_features != 1:
             raise ValueError(f"model 'gp' predicts one target, got out_features={out_features}")
         if kernel == "rbf":
-            covar = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=in_features))
+            rbf = gpytorch.kernels.RBFKernel(ard_num_dims=in_features if ard else None)
+            covar = gpytorch.kernels.ScaleKernel(rbf)
         else:
             covar = SpectralMixture(mixtures, in_features)
         self.kernel_name, self.in_features, self.restarts = kernel, in_features, restarts

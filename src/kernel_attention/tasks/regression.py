@@ -101,6 +101,9 @@ class RegressionTask(Task):
         batch = self.to_device(batch)
         gp = unwrap(model)
         if hasattr(gp, "negative_mll"):  # fitted to the rows it was conditioned on (build_model), not the batch
+            if gp is not model:
+                raise RuntimeError("model 'gp' trains in one process: its loss is one factorisation of all the "
+                                   "training rows, which data-parallel ranks would not share out")
             return gp.negative_mll(), {}
         pred = model(batch["x"]).reshape(batch["y"].shape)
         diff = (pred - batch["y"])[:, batch["index"]]
