@@ -29,7 +29,7 @@ Dissection draws.  Everything runs in float64 (the marginal likelihood of thousa
 autocast off; predictions come back in the input's dtype.  GPyTorch solves with Cholesky up to 800 training
 rows and with conjugate gradients beyond by default; here always with Cholesky (exact, O(N³): Parkinsons'
 5,287 training rows took about 40 s per step and 10 s per prediction on one thread of a 2-core CPU beside other
-processes, some 3.5 h per 200-step run with both evaluations each step; a GPU job).
+processes, some 3 h per 200-step run with its evaluation each step; a GPU job).
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ def _build_reg(opts: StudyOptions):
                       "26-31 min (IKAN-direct, MIKAN, with the former dropout on the weights) each, two or three study "
                       "processes on a 2-core CPU, one thread each; the other columns' cells under 2 min; the GP rows "
                       "factorise its 5,287 training rows' kernel matrix at every step and evaluation, O(N^3): about "
-                      "a minute per epoch on one thread here, a GPU job")
+                      "50 s per epoch on one thread here, a GPU job")
     return cells, shrink
 
 
