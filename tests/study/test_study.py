@@ -360,3 +360,24 @@ def test_regression_curves_leave_the_gp_rows_out(tmp_path):
     log(next(c for c in cells if c.row == "mikan" and c.col == "housing"), [1.0, 0.5, 0.2])
     (two,) = _reg_figures(tmp_path / "fig2", cells, dir_of, [])
     assert one_width < 0.75 * matplotlib.image.imread(two).shape[1]  # Housing's GP curves opened no panel
+
+
+def test_a_missing_package_stops_the_study_and_records_nothing(tmp_path, monkeypatch, capsys):
+    """A cell that needs a package this machine lacks (the GP rows need GPyTorch) is not a failed cell: the study
+    stops with the install hint, writes no result.json, and the cell runs once the package is there."""
+    import kernel_attention.tasks.runner as task_runner
+    from kernel_attention.cli import main
+
+    prepare = task_runner.prepare
+
+    def without_gpytorch(cfg):
+        raise ImportError("model 'gp' needs GPyTorch (No module named 'gpytorch'); install it with: "
+                          "pip install 'kernel-attention[baselines]'")
+    monkeypatch.setattr(task_runner, "prepare", without_gpytorch)
+    out = tmp_path / "st"
+    assert main(["study", "synthetic-smoke", "--out", str(out), "--no-figures"]) == 2
+    assert "pip install 'kernel-attention[baselines]'" in capsys.readouterr().err
+    assert not list(out.rglob("result.json"))
+    monkeypatch.setattr(task_runner, "prepare", prepare)
+    assert main(["study", "synthetic-smoke", "--out", str(out), "--no-figures"]) == 0
+    assert len(list(out.rglob("result.json"))) == 2

@@ -102,4 +102,7 @@ def run(args) -> int:
     except ValueError as e:  # a runs.csv of another study or scale, an --only that selects nothing
         print(f"kernel-attention study: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # an optional package a cell needs (the GP rows: GPyTorch); finished cells stay
+        print(f"kernel-attention study: {e} (or leave those cells out with --only)", file=sys.stderr)
+        return 2
     return 0

@@ -27,7 +27,9 @@ finished cell of another study under the same ``out``, is not trained again: tha
 ``"same_config_as"`` naming its cell.
 
 "diverged": a non-finite training loss or validation score (TD's "not converge"); "error": an exception
-(its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).
+(its message is kept; delete the cell folder, or pass ``retry_errors=True``, to run it again).  An
+``ImportError`` (a package this machine lacks) is not recorded: it stops the study, and the cell runs once the
+package is installed.
 
 Several processes may run one study into the same OUT at once (one per core, say): a process holds an
 exclusive ``flock`` on ``cells/<cell>/running.lock`` while it trains the cell, and the others skip it.
@@ -96,6 +98,8 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
         trainer = Trainer(task, train_cfg, run_dir, resume=True, extra={"config": copy.deepcopy(cfg)})
         before = trainer.resumed_elapsed
         summary = trainer.fit()
+    except ImportError:  # a package missing here (GPyTorch for the GP rows) is the machine's, not the cell's:
+        raise            # no record, so that the cell runs once it is installed
     except Exception as e:  # a cell failing must not stop the study; the message goes into the CSV
         rec["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
