@@ -155,7 +155,7 @@ class GPRegressor(nn.Module):
             covar = gpytorch.kernels.ScaleKernel(rbf)
         else:
             covar = SpectralMixture(mixtures, in_features)
-        self.kernel_name, self.in_features, self.restarts = kernel, in_features, restarts
+        self.in_features, self.restarts = in_features, restarts
         self.gp = _ExactGP(covar, gpytorch.likelihoods.GaussianLikelihood()).double()
         self.mll = gpytorch.mlls.ExactMarginalLogLikelihood(self.gp.likelihood, self.gp)
 
@@ -165,8 +165,8 @@ class GPRegressor(nn.Module):
         if not torch.isfinite(x).all():
             raise ValueError(f"model 'gp': {what} holds NaN or infinite values")
 
-    def condition(self, x: Tensor, y: Tensor, initialize: bool = True) -> None:
-        """Set the training rows x (N_tr, F), y (N_tr,); with ``initialize``, start ``sm`` from them."""
+    def condition(self, x: Tensor, y: Tensor) -> None:
+        """Set the training rows x (N_tr, F), y (N_tr,); an ``sm`` kernel draws its start from them."""
         self._check(x, "the training inputs")
         y = y.reshape(-1)
         if y.shape[0] != x.shape[0]:
@@ -174,7 +174,7 @@ class GPRegressor(nn.Module):
         dev = self.gp.mean_module.raw_constant.device
         x, y = x.to(dev, torch.float64), y.to(dev, torch.float64)
         self.gp.set_train_data(x, y, strict=False)
-        if initialize and isinstance(self.gp.covar_module, SpectralMixture):
+        if isinstance(self.gp.covar_module, SpectralMixture):
             self._initialize_sm(x, y)
 
     @torch.no_grad()
