@@ -248,27 +248,35 @@ def test_blockwise_magnitude_dropout_is_per_block_and_redrawn(spec):
     assert torch.allclose(f(rows, cols, q, k, *state), (sim + mag)[..., rows, cols], atol=1e-9)
 
 
-def test_magnitude_dropout_trains_on_the_blocked_path(monkeypatch):
-    """In training the official kernels run on fused's blocked path (no (Tq, Tk) mask kept), with gradients
-    that match finite differences when the seed is fixed, i.e. the backward pass redraws each block's mask.
-    ``auto`` takes that path above DROPOUT_BLOCKED_ELEMENTS (B, H, Tq, Tk) elements (lowered here)."""
+def test_magnitude_dropout_trains_on_fused_and_auto_keeps_dense_below_the_thresholds(monkeypatch):
+    """In training the official kernels run on fused's squared path, and with dropout on the weights too on its
+    blocked path (no (Tq, Tk) mask kept), with gradients that match finite differences when the seed is fixed,
+    i.e. the backward pass redraws each block's mask.  ``auto`` takes fused above SQUARED_DROPOUT_DENSE_ELEMENTS
+    (B, H, Tq, Tk) elements on the squared path and above DROPOUT_BLOCKED_ELEMENTS on the blocked one (both
+    lowered here)."""
     import kernel_attention.backends.fused as fused
 
+    monkeypatch.setattr(fused, "SQUARED_DROPOUT_DENSE_ELEMENTS", 40 * 40)
     monkeypatch.setattr(fused, "DROPOUT_BLOCKED_ELEMENTS", 48 * 48)
     kern = ka.make_kernel("ikan-direct:official=true,p=3.0", n_heads=1, d_head=4).double().train()
     q, k, v = (torch.randn(1, 1, 48, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    why = ka.explain(q, k, v, kern, "causal", backend="fused:block=1024")
-    assert "blocked SDPA, 3 blocks" in why.reasons["fused"] and "magnitude dropout" in why.reasons["fused"]
-    short = ka.explain(q, k, v, kern, "causal")             # auto: dense up to the threshold on the CPU
-    assert short.name == "dense" and "magnitude dropout" in short.reasons["dense"]
-    assert "(here 2304)" in short.reasons["dense"]
-    x = torch.randn(1, 1, 49, 4, dtype=torch.float64)
-    assert ka.explain(x, x, x, kern, "causal").name == "fused"
+    why = ka.explain(q, k, v, kern, "causal", backend="fused:block=1024", dropout_p=0.2)
+    assert "blocked SDPA, 3 blocks" in why.reasons["fused"] and "dropout acts on the soft-max" in why.reasons["fused"]
+    for t, dropout, name, note in ((40, 0.0, "dense", "squared path draws per block; dense was faster up to 1600"),
+                                   (41, 0.0, "fused", "summed apart"),
+                                   (48, 0.2, "dense", "blocked path draws per block; dense was faster up to 2304"),
+                                   (49, 0.2, "fused", "blocked SDPA")):
+        x = torch.randn(1, 1, t, 4, dtype=torch.float64)
+        why = ka.explain(x, x, x, kern, "causal", dropout_p=dropout)
+        assert why.name == name and note in why.reasons[name], why
+        assert name == "fused" or "draws magnitude dropout (training)" in why.reasons[name]
 
-    def f(q, k, v):
+    def f(q, k, v, dropout=0.2):
         torch.manual_seed(0)
-        return ka.attention(q, k, v, kern, "causal", dropout_p=0.2, backend="fused:block=1024")
+        return ka.attention(q, k, v, kern, "causal", dropout_p=dropout, backend="fused:block=1024")
     assert torch.equal(f(q, k, v), f(q, k, v))
     assert torch.autograd.gradcheck(f, (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: f(q, k, v, 0.0), (q, k, v))
     kern.eval()
-    assert "the kernel per block" in ka.explain(q, k, v, kern, "causal").reasons["fused"]
+    why = ka.explain(q, k, v, kern, "causal").reasons["fused"]
+    assert "the kernel per block" in why and "summed apart" not in why

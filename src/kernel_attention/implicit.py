@@ -213,20 +213,28 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
                 and type(self).log_magnitude is SimilarityMagnitudeKernel.log_magnitude)
 
     def squared_key_log(self, k: Tensor) -> Tensor | None:
-        """The magnitude's key term ||k||_p^2 / denom, (B, H, Tk) (zero without a magnitude)."""
+        """The magnitude's key term ||k||_p^2 / denom, (B, H, Tk) (zero without a magnitude), over
+        1 - p while magnitude dropout applies (:meth:`magnitude_scale`)."""
         if not self.has_squared_form():
             return None
         if not self.use_magnitude:
             return k.new_zeros(k.shape[:-1])
-        return lp_norm_sq(k, self.p) / self.denom(k.shape[-1])
+        return lp_norm_sq(k, self.p) * self.magnitude_scale(k.shape[-1])[1]
 
     def squared_form(self, q: Tensor, k: Tensor, key_log: Tensor | None = None) -> SquaredForm | None:
-        """k = (f^2 + eps) · exp(magnitude), f = phi(q)^T phi(k) / n: the features with 1/n on phi(q)."""
+        """k = (f^2 + eps) · exp(magnitude), f = phi(q)^T phi(k) / n: the features with 1/n on phi(q).
+        While magnitude dropout applies, also the query term and the call's dropout seed, drawn after
+        the spectral points as :meth:`blockwise` draws them (so the same seed gives the same masks)."""
         if not self.has_squared_form():
             return None
         ws = self.prepare(q, k)
-        return SquaredForm(self.features(q, ws) / self.feature_norm(ws), self.features(k, ws), self.eps,
+        form = SquaredForm(self.features(q, ws) / self.feature_norm(ws), self.features(k, ws), self.eps,
                            self.squared_key_log(k) if key_log is None else key_log)
+        if self.drops_magnitude:
+            form.drop, scale = self.magnitude_scale(q.shape[-1])
+            form.query_log = lp_norm_sq(q, self.p) * scale
+            form.seed = self.dropout_seed(form.drop)
+        return form
 
     def regularization(self) -> Tensor:
         """kl_weight · KL + copula_weight · copula term of the last forward pass (0 before any)."""

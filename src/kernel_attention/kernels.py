@@ -65,12 +65,26 @@ class SquaredForm:
     ``q`` (B, H, Tq, F) and ``k`` (B, H, Tk, F) are the features (any normaliser folded into ``q``),
     ``key_log`` (B|1, H, Tk) the per-key log factor; c_i > 0 is constant along a row and cancels.  The
     implicit kernels (random-feature similarity f^2 + eps times the magnitude) have this form, which
-    lets a backend form k itself per pair instead of log k (:mod:`kernel_attention.backends.squared`)."""
+    lets a backend form k itself per pair instead of log k (:mod:`kernel_attention.backends.squared`).
+
+    With ``drop`` > 0 (magnitude dropout, the implicit kernels' official form in training) the pair's
+    magnitude is dropped, not the row's, so the query's factor no longer cancels:
+
+        k(q_i, k_j) = (<q_i', k_j'>^2 + eps) · exp(D_ij · (query_log_i + key_log_j))
+
+    ``query_log`` (B|1, H, Tq); both logs already carry the 1 / (1 - drop) of inverted dropout, and
+    D_ij is 1 where the block whose first query row is r0 and first key c0 keeps the pair:
+    ``keep_mask((B, H, keys, rows), drop, block_seed(seed, r0, c0))`` transposed
+    (:mod:`kernel_attention.dropout`), the distribution of
+    :meth:`SimilarityMagnitudeKernel.block_magnitude`'s masks in the squared path's key-major layout."""
 
     q: Tensor
     k: Tensor
     eps: float
     key_log: Tensor
+    query_log: Tensor | None = None
+    drop: float = 0.0
+    seed: int = 0
 
 
 class Kernel(nn.Module):

@@ -63,6 +63,19 @@ class SimilarityMagnitudeKernel(Kernel):
         """Whether a forward pass now applies dropout to the (Tq, Tk) magnitude logits."""
         return self.magnitude_dropout > 0 and self.training and self.use_magnitude
 
+    def magnitude_scale(self, d: int) -> tuple[float, float]:
+        """(drop, scale): the magnitude dropout a forward pass applies now (0 outside training) and the
+        factor on ||x||_p^2 that gives one vector's log magnitude, 1 / (denom(d) · (1 - drop)) (inverted
+        dropout's 1 / (1 - drop) taken into the vectors)."""
+        drop = self.magnitude_dropout if self.drops_magnitude else 0.0
+        return drop, 1.0 / (self.denom(d) * (1.0 - drop))
+
+    @staticmethod
+    def dropout_seed(drop: float) -> int:
+        """The seed of one call's magnitude dropout masks (:func:`kernel_attention.dropout.block_seed`): one
+        draw from the global generator, so ``torch.manual_seed`` fixes it; 0 (no draw) without dropout."""
+        return int(torch.randint(0, 2 ** 62, (1,))) if drop else 0
+
     def block_magnitude(self, q: Tensor, k: Tensor) -> tuple[list[Tensor], Callable]:
         """``([a, b], mag)`` for :meth:`blockwise`: a = ||q||_p^2 / denom (B, H, Tq, 1) and b the keys' (B, H,
         Tk, 1), both over 1 - p while magnitude dropout applies, and ``mag(rows, cols, a, b)`` the block's log
@@ -77,10 +90,9 @@ class SimilarityMagnitudeKernel(Kernel):
         (one (Tq, Tk) draw); the distribution is the same."""
         if not self.use_magnitude:
             return [], None
-        drop = self.magnitude_dropout if self.drops_magnitude else 0.0
-        scale = 1.0 / (self.denom(q.shape[-1]) * (1.0 - drop))
+        drop, scale = self.magnitude_scale(q.shape[-1])
         a, b = (lp_norm_sq(x, self.p).mul(scale).unsqueeze(-1) for x in (q, k))
-        seed = int(torch.randint(0, 2 ** 62, (1,))) if drop else 0
+        seed = self.dropout_seed(drop)
 
         def mag(r: slice, c: slice, a: Tensor, b: Tensor) -> Tensor:
             m = a[..., r, :] + b[..., c, :].transpose(-1, -2)

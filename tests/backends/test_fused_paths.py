@@ -46,6 +46,89 @@ def test_fused_squared_path_in_training_draws_the_spectral_points_once():
     torch.testing.assert_close(res[0][1], res[1][1], atol=0, rtol=0)
 
 
+def _dropped_magnitude_reference(kern, q, k, v, filt, key_mask, seed):
+    """Magnitude dropout written out densely: log k = log_sim + D ⊙ log_mag / (1 - p) over the whole
+    (Tq, Tk) grid, soft-max over the kept keys (0 for a query that keeps none), with D assembled from
+    the masks :class:`SquaredForm` documents (per block of the fused backend's plan, drawn in the
+    block's (B, H, keys, rows) layout from ``block_seed(form.seed, r0, c0)``)."""
+    from kernel_attention.backends.chunked import plan_blocks
+    from kernel_attention.backends.fused import FusedBackend
+    from kernel_attention.dropout import block_seed, keep_mask
+    from kernel_attention.functional import build_problem
+
+    p = build_problem(q, k, v, kern, filt, key_mask=key_mask)
+    b, h, tq, tk = p.shape
+    keep, blocks = plan_blocks(p.keep, tq, tk, FusedBackend(block=1024)._rows(p, False))
+    torch.manual_seed(seed)
+    form = kern.squared_form(q, k)                 # the call's dropout seed, after its spectral points
+    torch.manual_seed(seed)
+    log_sim, log_mag = kern.decompose(q, k)        # the same spectral points
+    dropped = torch.zeros(b, h, tq, tk, dtype=torch.bool)
+    for r0, r1, lo, hi in blocks:
+        if hi > lo:
+            kd = keep_mask((b, h, hi - lo, r1 - r0), form.drop, block_seed(form.seed, r0, lo))
+            dropped[..., r0:r1, lo:hi] = ~kd.transpose(-1, -2)
+    logits = log_sim + torch.where(dropped, 0.0, log_mag / (1 - form.drop))
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))
+    w = torch.softmax(logits, -1).nan_to_num(0.0)  # a query with no key: 0
+    return w @ v
+
+
+@pytest.mark.parametrize("spec", ["ikan-direct:official=true,p=3.0", "mikan:official=true",
+                                  "ikas:magnitude_dropout=0.1", "ikan-direct:official=true,magnitude_dropout=0.5"])
+def test_fused_squared_path_with_magnitude_dropout_matches_a_dense_reference(spec):
+    """In training the official kernels drop each pair's magnitude; the squared path sums the kept and the
+    dropped pairs apart (backends/squared.py).  Values and gradients (q, k, v and the kernel's parameters)
+    equal the dense formula with the same masks under a full, causal, sparse, padding (one sequence keeping
+    no key) and causal & padding filter and for Tq != Tk, over several blocks; with p = 0.5 the first causal
+    rows keep no magnitude at all.  The backward draws the same masks again."""
+    cases = ((None, None, 40), ("causal", None, 40), ("local:window=4", None, 40),
+             (None, padding_mask(40, empty=True), 40), ("causal", padding_mask(40), 40), (None, None, 23))
+    kern = ka.make_kernel(spec, n_heads=H, d_head=D).to(DT).train()
+    params = [w for w in kern.parameters() if w.requires_grad]
+    for filt, km, tq in cases:
+        q, k, v = inputs(tq, 40)
+        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
+        assert "k / sum k" in why and "blocks of 16" in why, (filt, why)
+        res = []
+        for f in (lambda: (torch.manual_seed(7), attention(q, k, v, kern, filt, key_mask=km,
+                                                           backend="fused:block=1024"))[1],
+                  lambda: _dropped_magnitude_reference(kern, q, k, v, filt, km, 7)):
+            out = f()
+            grads = torch.autograd.grad(out, [q, k, v] + params, torch.ones_like(out) + out.detach())
+            res.append((out, grads))
+        close(res[0], res[1])
+
+
+def test_fused_squared_path_with_magnitude_dropout_in_float32_and_gradcheck():
+    """float32 with queries whose magnitude puts the kept pairs' factor exp(c_i) beyond float32's range
+    (c_i > 88): finite and equal to float64 dense's formula; and ``gradcheck`` of the path with a fixed seed
+    (fails if the backward pass drew other masks)."""
+    kern = ka.make_kernel("ikan-direct:official=true,p=3.0", n_heads=H, d_head=D).to(DT).train()
+    q, k, v = inputs(40, 40)
+    q32 = (q.detach() * torch.linspace(0.1, 10.0, 40, dtype=DT)[:, None]).requires_grad_()
+    form = kern.squared_form(q32, k)
+    assert float((form.query_log + form.key_log.amax(-1, keepdim=True)).max().detach()) > 88
+    ref = _dropped_magnitude_reference(kern, q32, k, v, "causal", None, 3)
+    torch.manual_seed(3)
+    out = attention(q32.float(), k.float(), v.float(), kern.float(), "causal", backend="fused:block=1024")
+    kern.double()
+    assert bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+
+    small = ka.make_kernel("ikan-direct:official=true,magnitude_dropout=0.3", n_heads=1, d_head=4).to(DT).train()
+    q, k, v = (torch.randn(1, 1, 48, 4, dtype=DT, requires_grad=True) for _ in range(3))
+    why = explain(q, k, v, small, "causal", backend="fused:block=1024").reasons["fused"]
+    assert "the kernel per block, 3 blocks" in why and "summed apart" in why
+
+    def f(q, k, v):
+        torch.manual_seed(0)
+        return attention(q, k, v, small, "causal", backend="fused:block=1024")
+    assert torch.equal(f(q, k, v), f(q, k, v))
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
 def test_fused_squared_path_range_and_fallbacks():
     """The per-key factor exp(m_j) is taken relative to the largest m of the keys some query keeps:
     a huge key that every query drops does not underflow the others (float32 checked against float64

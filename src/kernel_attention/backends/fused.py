@@ -34,11 +34,11 @@ Five paths, chosen per call (:meth:`FusedBackend.describe` says which):
 * **squared** -- the implicit kernels on the CPU (:mod:`kernel_attention.backends.squared`): their k is
   ((phi(q)·phi(k))/n)^2 + eps times a per-key magnitude, so k itself is formed per block and
   normalised as k / sum k -- the same soft-max of log k without a logarithm and an exponential per
-  pair, under any filter -- while the magnitude's range allows it (else, and with positional terms,
-  dropout or magnitude dropout, blocked).
+  pair, under any filter, with their magnitude dropout in training -- while the magnitude's range allows
+  it (else, and with positional terms or dropout on the weights, blocked).
 * **blocked** -- everything else (Shaw's table beyond the banded path, ``xl`` with dropout or an index
   that is not Toeplitz, dense float biases, kernels with only ``log_kernel`` such as ``rbf-only`` or the
-  implicit kernels off the squared path -- their magnitude dropout drawn per block,
+  implicit kernels off the squared path -- their magnitude dropout drawn per block there too,
   :meth:`SimilarityMagnitudeKernel.block_magnitude` --, sparse filters with other terms, dropout with a
   value term or above ``DROPOUT_BLOCKED_ELEMENTS``, and the sliced path's cases with ``sliced=false``):
   query rows are processed in blocks with b formed per block (:mod:`kernel_attention.backends.blocked`)
@@ -86,8 +86,9 @@ SLICED_MIN_KEYS = 256
 
 #: (B, H, Tq, Tk) elements above which, on the CPU, a call with dropout runs on the blocked path: one with a
 #: one-call form (SDPA's CPU flash kernel takes no dropout, so such a call runs on its math path, which forms
-#: the (Tq, Tk) weights whole), and a kernel that draws magnitude dropout (the implicit kernels' ``official``
-#: form in training, which ``auto`` otherwise runs on dense).  At or below it, forming the weights whole is
+#: the (Tq, Tk) weights whole), and a kernel that draws magnitude dropout on the blocked path (the implicit
+#: kernels' ``official`` form in training with dropout on the weights too, which ``auto`` otherwise runs on
+#: dense; on the squared path the limit is ``SQUARED_DROPOUT_DENSE_ELEMENTS``).  At or below it, forming the weights whole is
 #: the faster way; above it (float32 weights over 128 MiB) the blocks are.  Measured by the benchmark (heap
 #: malloc as the CLI sets it, one thread, fwd+bwd; docs/benchmarks.md, "training calls"):
 #: ``ikan-direct:official=true,p=3.0`` with dropout 0.1, H=8, D=8, blocked / dense: 1.17x at B=50, T=100;
@@ -96,6 +97,14 @@ SLICED_MIN_KEYS = 256
 #: T=2048; 1.20x at B=1, H=8, D=64, T=2048 (2^25); 1.01x at H=4, T=2900; 0.64x at 4096; 0.48x at B=4, H=8,
 #: D=64, T=2048; 0.57x at B=32, H=8, D=64, T=512.
 DROPOUT_BLOCKED_ELEMENTS = 1 << 25
+
+#: (B, H, Tq, Tk) elements up to which ``auto`` keeps a kernel that draws magnitude dropout on ``dense`` on the
+#: CPU when ``fused`` would run it on the squared path (:mod:`kernel_attention.backends.squared`; on the blocked
+#: path the limit is ``DROPOUT_BLOCKED_ELEMENTS``).  Measured by the benchmark (one thread, fwd+bwd, heap malloc;
+#: docs/benchmarks.md, "magnitude dropout on the squared path"): ``ikan-direct:official=true,p=3.0``, H=8, D=8,
+#: squared / dense: 1.11x at B=50, T=60, 1.05x at T=100; at B=1 1.17x at T=256, 1.02x at 506, 1.01x at 1030
+#: (1.01 x 2^23 elements), 0.65x at 2048 (2^25); 0.92x at B=4, T=1024 (2^25).
+SQUARED_DROPOUT_DENSE_ELEMENTS = 1 << 23
 
 
 @dataclasses.dataclass
@@ -193,17 +202,22 @@ class FusedBackend(Backend):
         On the CPU the same holds for what the sliced path runs but below its ``SLICED_MIN_KEYS`` keys
         (:meth:`_sliced_but_short`): dense 15-20% faster than the blocked path there, fwd+bwd (``xl`` 20.4 / 23.4
         ms at T=128, B=4, H=8, D=64; docs/benchmarks.md), and for a kernel that draws magnitude dropout up to
-        ``DROPOUT_BLOCKED_ELEMENTS`` elements (dense 1.1-1.25x faster there).  Otherwise the blocked path is
+        ``SQUARED_DROPOUT_DENSE_ELEMENTS`` elements where fused would run it on the squared path (dense up to
+        1.1x faster there) and up to ``DROPOUT_BLOCKED_ELEMENTS`` where on the blocked path (weight dropout, or
+        a key factor too wide for the squared path; dense 1.1-1.25x faster there).  Otherwise the blocked path is
         faster on the CPU for ``xl`` and ``rbf-only``; for the implicit kernels the two trade places with the
         size and filter.  ``device`` overrides ``p``'s device (to test the rule on a CPU)."""
         n, t = p.pairs, p.terms
         if p.need_weights or n > DENSE_PREFERRED_ELEMENTS:
             return None
         if (device or p.q.device.type) != "cuda":  # the cheap tests first: attention() asks this on every call
-            if getattr(p.kernel, "drops_magnitude", False) and n <= DROPOUT_BLOCKED_ELEMENTS:
-                return (f"on the CPU, kernel {p.kernel.name!r} draws magnitude dropout (training), which "
-                        f"fused's blocked path draws per block; dense was faster up to {DROPOUT_BLOCKED_ELEMENTS} "
-                        f"(B, H, Tq, Tk) elements (here {n}); pass backend='fused' to use it")
+            if getattr(p.kernel, "drops_magnitude", False):
+                squared = self.squared and squared_route(p)[1] is None
+                limit = SQUARED_DROPOUT_DENSE_ELEMENTS if squared else DROPOUT_BLOCKED_ELEMENTS
+                if n <= limit:
+                    return (f"on the CPU, kernel {p.kernel.name!r} draws magnitude dropout (training), which "
+                            f"fused's {'squared' if squared else 'blocked'} path draws per block; dense was faster "
+                            f"up to {limit} (B, H, Tq, Tk) elements (here {n}); pass backend='fused' to use it")
             if not self._sliced_but_short(p) or not self._direct_mask(p)[0]:
                 return None
             what = ("product's positions shared by the batch" if t.q_feat is not None

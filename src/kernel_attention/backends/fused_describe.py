@@ -52,7 +52,10 @@ def describe_route(backend: FusedBackend, p: Problem, route: Route) -> str:
     why = []
     if route.path == "squared":
         why.append(f"kernel {p.kernel.name!r} is ((phi(q)·phi(k))/n)^2 + eps times a per-key factor, so k "
-                   f"itself is formed per block and normalised as k / sum k (no log or exp per pair)")
+                   f"itself is formed per block and normalised as k / sum k (no log or exp per pair)"
+                   + ("; its magnitude dropout is drawn per block, and the pairs that keep their magnitude "
+                      "and those that drop it are summed apart" if getattr(p.kernel, "drops_magnitude", False)
+                      else ""))
     elif not _has_form(p):
         why.append(f"kernel {p.kernel.name!r} has no SDPA features, so log k is formed per block"
                    + (f" (its squared form is not used: {route.squared})" if route.squared else ""))

@@ -20,6 +20,27 @@ backward pass recomputes s per block:
 V' and the division are formed outside the block loop with autograd (their cost is linear in T).  A
 query whose filtered set is empty has N_R = 0 and gets a zero output and zero gradient.
 
+**Magnitude dropout** (the official form in training, :class:`SquaredForm` with ``drop`` > 0) drops a
+pair's magnitude, so k_ij = (s_ij^2 + eps) · exp(a_i + m_j) where the block's mask D keeps the pair and
+s_ij^2 + eps where it drops it (a = ``query_log``).  The two sets are summed apart, with the same V' for
+the kept pairs and V1 = [v, 1] for the dropped ones:
+
+    N1_R = (P ⊙ D) V'_C,   N2_R = (P ⊙ (1 - D)) V1_C,
+    out_i = (e^{c_i} N1_i[:Dv] + N2_i[:Dv]) / (e^{c_i} N1_i[Dv] + N2_i[Dv]),   c_i = a_i + max_kept m
+
+and combined per row as g · N1 / N1[Dv] + (1 - g) · N2 / N2[Dv], g = sigmoid(c_i + log N1[Dv] - log
+N2[Dv]), which no size of c_i overflows.  D is drawn per block from the form's seed, again in the
+backward pass (:func:`kernel_attention.dropout.keep_mask` in the layout below; the blocked path draws the
+same distribution in (rows, keys) layout, so the two paths' masks differ for one seed), which adds
+dP = D ⊙ dN1 V'^T + (1 - D) ⊙ dN2 V1^T: two more thin products per block.
+
+**Layout.**  A block's (rows, keys) tensors are formed key-major, as their transposes (B, H, |C|, |R|):
+s^T = phi[C] phi_q[R]^T, and every product then reads them in the order the CPU's matrix kernels take
+fastest -- N_R = (V'_C^T P^T)^T, dV'_C = P^T dN_R.  Measured on one thread at IKA Table 4's Parkinsons
+(8 heads, 712 of 5,875 rows, F = 128, Dv + 1 = 9): the forward of a block with dropout 274 ms against 421 ms
+row-major, the backward 647 against 788 ms, without dropout the forward 128 against 251 ms; P^T dN alone
+23 against 167 ms (docs/benchmarks.md, "magnitude dropout on the squared path").
+
 **Range.**  w_j underflows where m_j lies far below the largest kept m.  :func:`key_spread` measures
 max - min of m over the keys some query keeps; :func:`squared_route` takes this path only while it is
 at most ``MAX_SPREAD`` = 40 (then every kept w is at least e^-40 and the smallest kernel value, about
@@ -33,6 +54,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import Problem
+from kernel_attention.dropout import block_seed, keep_mask
 from kernel_attention.kernels import SquaredForm
 
 __all__ = ["MAX_SPREAD", "masked_key_log", "key_spread", "squared_route", "squared_smoother"]
@@ -80,8 +102,6 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
         return None, "positional terms enter log k"
     if p.dropout_p > 0:
         return None, "dropout acts on the soft-max weights"
-    if getattr(p.kernel, "drops_magnitude", False):
-        return None, "magnitude dropout acts on each pair's log k"
     if p.q.dtype not in DTYPES:
         return None, f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
     m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep)
@@ -92,55 +112,79 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
     return m, None
 
 
-def _block_weights(fq: Tensor, fk: Tensor, keep: Tensor | None, eps: float, rows: slice, cols: slice):
-    """(s, P, the block's mask or None) for one block."""
-    s = torch.matmul(fq[..., rows, :], fk[..., cols, :].transpose(-1, -2))
-    p = torch.addcmul(s.new_full((), eps), s, s)  # s^2 + eps in one pass
+def _t(x: Tensor) -> Tensor:
+    """``x`` with its last two axes swapped (a view): the blocks' key-major layout (module docstring)."""
+    return x.transpose(-1, -2)
+
+
+def _block_weights(fq: Tensor, fk: Tensor, keep: Tensor | None, eps: float, drop: float, seed: int,
+                   rows: slice, cols: slice):
+    """(s^T, P^T, P^T of the dropped pairs or None, the dropout mask or None, the filter's mask or None) of
+    one block, each (B, H, |cols|, |rows|) (module docstring, "Layout"); without magnitude dropout P holds
+    every pair the filter keeps, with it those whose magnitude the dropout mask keeps."""
+    st = torch.matmul(fk[..., cols, :], _t(fq[..., rows, :]))
+    p = torch.addcmul(st.new_full((), eps), st, st)  # s^2 + eps in one pass
     kb = None
     if keep is not None:
         kb = keep[..., rows, cols]
         if bool(kb.all()):
             kb = None
         else:
+            kb = _t(kb).contiguous()
             p.masked_fill_(~kb, 0.0)
-    return s, p, kb
+    if not drop:
+        return st, p, None, None, kb
+    kd = keep_mask(p.shape, drop, block_seed(seed, rows.start, cols.start), p.device)
+    kept = torch.where(kd, p, 0.0)
+    return st, kept, p.sub_(kept), kd, kb  # p - kept: exactly the dropped pairs' P, no second select
 
 
 class _SquaredProduct(torch.autograd.Function):
-    """N = ((phi_q phi^T)^2 + eps) ⊙ M  V', block by block (module docstring): (B, H, Tq, Dv + 1)."""
+    """N = ((phi_q phi^T)^2 + eps) ⊙ M  V', block by block (module docstring): (B, H, Tq, Dv + 1); with
+    magnitude dropout (``v1`` given) [N1, N2] (module docstring), (B, H, Tq, 2 (Dv + 1))."""
 
     @staticmethod
-    def forward(ctx, blocks, keep, eps, fq, fk, vw):
+    def forward(ctx, blocks, keep, eps, drop, seed, fq, fk, vw, v1):
         b, h, tq = fq.shape[0], fq.shape[1], fq.shape[2]
-        out = vw.new_zeros(max(b, vw.shape[0]), h, tq, vw.shape[-1])
+        width = vw.shape[-1]
+        out = vw.new_zeros(max(b, vw.shape[0]), h, tq, 2 * width if drop else width)
         for r0, r1, lo, hi in blocks:
             if hi <= lo:
                 continue
             rows, cols = slice(r0, r1), slice(lo, hi)
-            _, p, _ = _block_weights(fq, fk, keep, eps, rows, cols)
-            out[..., rows, :] = torch.matmul(p, vw[..., cols, :])
-        ctx.blocks, ctx.keep, ctx.eps = blocks, keep, eps
-        ctx.save_for_backward(fq, fk, vw)
+            _, p, p2, _, _ = _block_weights(fq, fk, keep, eps, drop, seed, rows, cols)
+            out[..., rows, :width] = _t(torch.matmul(_t(vw[..., cols, :]), p))
+            if drop:
+                out[..., rows, width:] = _t(torch.matmul(_t(v1[..., cols, :]), p2))
+        ctx.blocks, ctx.keep, ctx.eps, ctx.drop, ctx.seed = blocks, keep, eps, drop, seed
+        ctx.save_for_backward(fq, fk, vw, v1)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the backward below is not itself differentiated
     def backward(ctx, g):
-        fq, fk, vw = ctx.saved_tensors
+        fq, fk, vw, v1 = ctx.saved_tensors
+        drop, width = ctx.drop, vw.shape[-1]
         dfq, dfk, dvw = torch.zeros_like(fq), torch.zeros_like(fk), torch.zeros_like(vw)
+        dv1 = torch.zeros_like(v1) if drop else None
         for r0, r1, lo, hi in ctx.blocks:
             if hi <= lo:
                 continue
             rows, cols = slice(r0, r1), slice(lo, hi)
-            s, p, kb = _block_weights(fq, fk, ctx.keep, ctx.eps, rows, cols)
-            gr = g[..., rows, :]
-            dvw[..., cols, :] += torch.matmul(p.transpose(-1, -2), gr)
-            ds = torch.matmul(gr * 2.0, vw[..., cols, :].transpose(-1, -2)).mul_(s)  # 2 on the (rows, Dv+1) side
+            st, p, p2, kd, kb = _block_weights(fq, fk, ctx.keep, ctx.eps, drop, ctx.seed, rows, cols)
+            gr = g[..., rows, :width]
+            dvw[..., cols, :] += torch.matmul(p, gr)
+            dst = torch.matmul(vw[..., cols, :], _t(gr * 2.0))  # dP^T, with the 2 of d(s^2) on the thin side
+            if drop:
+                g2 = g[..., rows, width:]
+                dv1[..., cols, :] += torch.matmul(p2, g2)
+                dst = torch.where(kd, dst, torch.matmul(v1[..., cols, :], _t(g2 * 2.0)))
+            dst.mul_(st)
             if kb is not None:
-                ds.masked_fill_(~kb, 0.0)
-            dfq[..., rows, :] = torch.matmul(ds, fk[..., cols, :])
-            dfk[..., cols, :] += torch.matmul(ds.transpose(-1, -2), fq[..., rows, :])
-        return None, None, None, dfq, dfk, dvw
+                dst.masked_fill_(~kb, 0.0)
+            dfq[..., rows, :] = torch.matmul(_t(dst), fk[..., cols, :])
+            dfk[..., cols, :] += torch.matmul(dst, fq[..., rows, :])
+        return None, None, None, None, None, dfq, dfk, dvw, dv1
 
 
 def squared_smoother(form: SquaredForm, v: Tensor, keep: Tensor | None, blocks: list) -> Tensor:
@@ -153,7 +197,26 @@ def squared_smoother(form: SquaredForm, v: Tensor, keep: Tensor | None, blocks: 
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # a slice that keeps no key
     w = torch.exp(m - top).unsqueeze(-1)                                # (B, H, Tk, 1), 0 at dropped keys
     vw = torch.cat([v * w, w.expand(*v.shape[:-1], 1)], -1)
-    n = _SquaredProduct.apply(blocks, keep, form.eps, form.q.to(v.dtype), form.k.to(v.dtype), vw)
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1) if form.drop else None
+    n = _SquaredProduct.apply(blocks, keep, form.eps, form.drop, form.seed, form.q.to(v.dtype),
+                              form.k.to(v.dtype), vw, v1)
+    if not form.drop:
+        return _ratio(n)
+    if form.query_log is None:
+        raise ValueError("SquaredForm with drop > 0 needs query_log: the dropped pairs lose the query's factor")
+    n1, n2 = n[..., :vw.shape[-1]], n[..., vw.shape[-1]:]
+    d1, d2 = n1[..., -1:], n2[..., -1:]
+    tiny = torch.finfo(n.dtype).tiny
+    c = (form.query_log.to(v.dtype) + top).unsqueeze(-1)
+    # log of the kept pairs' share against the dropped pairs'; +-inf where one set is empty in this row
+    logit = c + d1.clamp_min(tiny).log() - d2.clamp_min(tiny).log()
+    logit = torch.where(d2 > 0, torch.where(d1 > 0, logit, float("-inf")), float("inf"))
+    r2 = _ratio(n2)
+    return r2 + torch.sigmoid(logit) * (_ratio(n1) - r2)
+
+
+def _ratio(n: Tensor) -> Tensor:
+    """n[..., :-1] / n[..., -1:], 0 where the denominator is 0 (no key kept; then the numerator is 0 too, and
+    dividing by 1 there keeps the gradient finite)."""
     num, den = n[..., :-1], n[..., -1:]
-    # den = 0 only where no key is kept (then num = 0); dividing by 1 there keeps the gradient finite
     return num / torch.where(den > 0, den, torch.ones_like(den))
