@@ -224,7 +224,7 @@ class ImplicitKernel(SimilarityMagnitudeKernel):
     def squared_form(self, q: Tensor, k: Tensor, key_log: Tensor | None = None) -> SquaredForm | None:
         """k = (f^2 + eps) · exp(magnitude), f = phi(q)^T phi(k) / n: the features with 1/n on phi(q).
         While magnitude dropout applies, also the query term and the call's dropout seed, drawn after
-        the spectral points as :meth:`blockwise` draws them (so the same seed gives the same masks)."""
+        the spectral points as in :meth:`blockwise` (``torch.manual_seed`` fixes both)."""
         if not self.has_squared_form():
             return None
         ws = self.prepare(q, k)

@@ -74,6 +74,10 @@ MODELS.register("regressor", [
 ], doc="IKA regression: the whole dataset as one sequence")(SequenceRegressor)
 
 
+#: The kernels of models/gp.py, named here so that the registry does not import GPyTorch (an optional extra).
+GP_KERNELS = ("rbf", "sm")
+
+
 def _gp(in_features: int, *, kernel: str = "rbf", mixtures: int = 4, restarts: int = 10, ard: bool = True,
         out_features: int = 1):
     """exact Gaussian-process regression (GPyTorch), the GP rows of IKA Table 4"""
@@ -87,7 +91,7 @@ def _gp(in_features: int, *, kernel: str = "rbf", mixtures: int = 4, restarts: i
 
 
 MODELS.register("gp", [
-    Param("kernel", str, "rbf", choices=("rbf", "sm")), Param("mixtures", int, 4, doc="sm: Q", **_pos),
+    Param("kernel", str, "rbf", choices=GP_KERNELS), Param("mixtures", int, 4, doc="sm: Q", **_pos),
     Param("restarts", int, 10, doc="sm: initial draws tried, the likeliest kept", **_pos),
     Param("ard", bool, True, doc="rbf: one length-scale per input (false: one for all)"),
 ])(_gp)

@@ -41,9 +41,9 @@ import gpytorch
 import torch
 from torch import Tensor, nn
 
-__all__ = ["GPRegressor", "SpectralMixture", "GP_KERNELS"]
+from kernel_attention.models import GP_KERNELS
 
-GP_KERNELS = ("rbf", "sm")
+__all__ = ["GPRegressor", "SpectralMixture", "GP_KERNELS"]
 
 
 class SpectralMixture(gpytorch.kernels.Kernel):
