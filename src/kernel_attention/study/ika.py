@@ -252,8 +252,9 @@ def _build_reg(opts: StudyOptions):
         shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells took 2-3 min (Transformer) and "
                       "26-31 min (IKAN-direct, MIKAN, with the former dropout on the weights) each, two or three study "
                       "processes on a 2-core CPU, one thread each; the other columns' cells under 2 min; the GP rows "
-                      "factorise its 5,287 training rows' kernel matrix at every step and evaluation, O(N^3): about "
-                      "50 s per epoch on one thread here, a GPU job")
+                      "factorise its 5,287 training rows' kernel matrix at every step and evaluation, O(N^3): GP (RBF) "
+                      "48 min per cell (three processes on the 2 cores, about 28 s per epoch), GP (SM) not run here "
+                      "(its 10 restarts and 4 mixtures cost more: a GPU job)")
     return cells, shrink
 
 
