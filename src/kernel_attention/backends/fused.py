@@ -211,7 +211,8 @@ class FusedBackend(Backend):
         if p.need_weights or n > DENSE_PREFERRED_ELEMENTS:
             return None
         if (device or p.q.device.type) != "cuda":  # the cheap tests first: attention() asks this on every call
-            if getattr(p.kernel, "drops_magnitude", False):
+            # above DROPOUT_BLOCKED_ELEMENTS (the larger limit) neither applies: no route check on large calls
+            if n <= DROPOUT_BLOCKED_ELEMENTS and getattr(p.kernel, "drops_magnitude", False):
                 squared = self.squared and squared_route(p)[1] is None
                 limit = SQUARED_DROPOUT_DENSE_ELEMENTS if squared else DROPOUT_BLOCKED_ELEMENTS
                 if n <= limit:

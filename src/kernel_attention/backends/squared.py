@@ -37,9 +37,9 @@ dP = D ⊙ dN1 V'^T + (1 - D) ⊙ dN2 V1^T: two more thin products per block.
 **Layout.**  A block's (rows, keys) tensors are formed key-major, as their transposes (B, H, |C|, |R|):
 s^T = phi[C] phi_q[R]^T, and every product then reads them in the order the CPU's matrix kernels take
 fastest -- N_R = (V'_C^T P^T)^T, dV'_C = P^T dN_R.  Measured on one thread at IKA Table 4's Parkinsons
-(8 heads, 712 of 5,875 rows, F = 128, Dv + 1 = 9): the forward of a block with dropout 274 ms against 421 ms
-row-major, the backward 647 against 788 ms, without dropout the forward 128 against 251 ms; P^T dN alone
-23 against 167 ms (docs/benchmarks.md, "magnitude dropout on the squared path").
+(8 heads, 712 of 5,875 rows, F = 128, Dv + 1 = 9; three runs): P^T dN 53-60 ms against 163-167 ms row-major,
+N 19-20 against 52-70 ms; the product s itself varied more between runs (145-295 ms) than between the layouts
+(docs/benchmarks.md, "magnitude dropout on the squared path", has the end-to-end figures).
 
 **Range.**  w_j underflows where m_j lies far below the largest kept m.  :func:`key_spread` measures
 max - min of m over the keys some query keeps; :func:`squared_route` takes this path only while it is
@@ -197,13 +197,13 @@ def squared_smoother(form: SquaredForm, v: Tensor, keep: Tensor | None, blocks: 
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # a slice that keeps no key
     w = torch.exp(m - top).unsqueeze(-1)                                # (B, H, Tk, 1), 0 at dropped keys
     vw = torch.cat([v * w, w.expand(*v.shape[:-1], 1)], -1)
+    if form.drop and form.query_log is None:
+        raise ValueError("SquaredForm with drop > 0 needs query_log: the dropped pairs lose the query's factor")
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1) if form.drop else None
     n = _SquaredProduct.apply(blocks, keep, form.eps, form.drop, form.seed, form.q.to(v.dtype),
                               form.k.to(v.dtype), vw, v1)
     if not form.drop:
         return _ratio(n)
-    if form.query_log is None:
-        raise ValueError("SquaredForm with drop > 0 needs query_log: the dropped pairs lose the query's factor")
     n1, n2 = n[..., :vw.shape[-1]], n[..., vw.shape[-1]:]
     d1, d2 = n1[..., -1:], n2[..., -1:]
     tiny = torch.finfo(n.dtype).tiny
