@@ -129,6 +129,32 @@ def test_fused_squared_path_with_magnitude_dropout_in_float32_and_gradcheck():
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+@pytest.mark.parametrize("spec", ["ikan-direct:official=true,p=3.0",
+                                  "ikan-direct:official=true,magnitude_dropout=0.5"])
+def test_fused_squared_path_with_magnitude_dropout_in_bfloat16(spec):
+    """bfloat16 inputs and parameters in training, magnitude dropout on the squared path: values and
+    gradients (q, k, v, the kernel's points) within bfloat16's precision of the float64 formula computed from
+    the same rounded inputs and parameters, causal and with padding (one sequence keeping no key).  ikan-direct
+    only: the spectral kernels draw their points in the parameters' dtype, so a float64 reference would draw
+    others."""
+    for filt, km in (("causal", None), (None, padding_mask(40, empty=True))):
+        kern = ka.make_kernel(spec, n_heads=H, d_head=D).to(torch.bfloat16).train()
+        q, k, v = (x.detach().to(torch.bfloat16).requires_grad_() for x in inputs(40, 40))
+        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
+        assert "summed apart" in why, why
+        torch.manual_seed(7)
+        out = attention(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024")
+        assert out.dtype == torch.bfloat16
+        grads = torch.autograd.grad(out, [q, k, v] + list(kern.parameters()), torch.ones_like(out))
+        kern.double()                              # the rounded parameters, in float64
+        q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+        ref = _dropped_magnitude_reference(kern, q64, k64, v64, filt, km, 7)
+        refs = torch.autograd.grad(ref, [q64, k64, v64] + list(kern.parameters()), torch.ones_like(ref))
+        torch.testing.assert_close(out.double(), ref, atol=6e-2, rtol=0)
+        for g, r in zip(grads, refs):              # relative to each gradient's largest entry
+            assert float((g.double() - r).abs().max() / r.abs().max()) < 8e-2
+
+
 def test_fused_squared_path_range_and_fallbacks():
     """The per-key factor exp(m_j) is taken relative to the largest m of the keys some query keeps:
     a huge key that every query drops does not underflow the others (float32 checked against float64
