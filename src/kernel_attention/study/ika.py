@@ -253,8 +253,8 @@ def _build_reg(opts: StudyOptions):
                       "26-31 min (IKAN-direct, MIKAN, with the former dropout on the weights) each, two or three study "
                       "processes on a 2-core CPU, one thread each; the other columns' cells under 2 min; the GP rows "
                       "factorise its 5,287 training rows' kernel matrix at every step and evaluation, O(N^3): GP (RBF) "
-                      "48 min per cell (three processes on the 2 cores, about 28 s per epoch), GP (SM) not run here "
-                      "(its 10 restarts and 4 mixtures cost more: a GPU job)")
+                      "48 min per cell (three processes on the 2 cores, about 28 s per epoch), GP (SM) 49-53 min (two "
+                      "processes, 22-30 s per epoch; about 10 GB of memory each: its 4 mixtures' N x N terms)")
     return cells, shrink
 
 
