@@ -1,13 +1,14 @@
 """Models built from kernel attention: one readable file per family.
 
-    translation.py     TranslationModel     encoder-decoder (fairseq transformer_iwslt_de_en shape)
-    language_model.py  LanguageModel        decoder-only with Transformer-XL segment memory
-    classifier.py      SentenceClassifier   encoder + mean pooling + linear
-    regressor.py       SequenceRegressor    IKA regression: the whole dataset as one sequence
-    lstm.py            TNLSTM, AblatedLSTM  Transformer Networks Eqs. 13-21 with the Eq. 19 weights
-    node_classifier.py NodeClassifier       two GAT layers over an edge list (graph.py's GraphAttention)
-    gp.py              GPRegressor          exact GP regression (RBF, spectral mixture), IKA Table 4's GP rows
-    common.py          attention configs per place, scaled embeddings, collect_decompositions
+    translation.py      TranslationModel     encoder-decoder (fairseq transformer_iwslt_de_en shape)
+    language_model.py   LanguageModel        decoder-only with Transformer-XL segment memory
+    classifier.py       SentenceClassifier   encoder + mean pooling + linear
+    regressor.py        SequenceRegressor    IKA regression: the whole dataset as one sequence
+    lstm.py             TNLSTM, AblatedLSTM  Transformer Networks Eqs. 13-21 with the Eq. 19 weights
+    node_classifier.py  NodeClassifier       two GAT layers over an edge list (graph.py's GraphAttention)
+    gp.py               GPRegressor          exact GP regression (RBF, spectral mixture), IKA Table 4's GP rows
+    spectral_mixture.py SpectralMixture      the GP (SM) kernel, with a backward pass that keeps no N×N tensor
+    common.py           attention configs per place, scaled embeddings, collect_decompositions
 
 ``MODELS`` builds any of them by name with typed parameters; the sizes a task knows (vocabulary sizes,
 feature counts, classes) are passed as context: ``MODELS.create({"name": "lm", "d_model": 64}, vocab=100)``.

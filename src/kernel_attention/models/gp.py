@@ -11,17 +11,8 @@ likelihood with the trainer's optimiser, one full-batch step per epoch.  Kernels
     rbf:  k(x, x') = s · exp(-½ Σ_d τ_d² / ℓ_d²)           (one length-scale per input; ``ard=False``: one ℓ)
     sm:   k(x, x') = Σ_q w_q · exp(-2π² Σ_d v_qd τ_d²) · cos(2π μ_qᵀ τ)           (Q = ``mixtures``)
 
-``sm`` is the spectral mixture kernel of Wilson & Adams (2013): the inverse Fourier transform of the spectral
-density Σ_q w_q [N(s; μ_q, V_q) + N(s; -μ_q, V_q)] / 2 with V_q = diag(v_q).  For one input (CO2, Passenger)
-it is their Eq. 12; for several it keeps one cosine of the projection μ_qᵀτ rather than a product of one
-cosine per input, which makes cos(2π μ_qᵀ(x - x')) a rank-2 product (cos a cos b + sin a sin b) and the
-kernel an N×N computation per mixture instead of N×N×F.  Its start is drawn from the data, from the global
-RNG (so the run's seed decides it), ``restarts`` times, and the draw of highest marginal likelihood is kept:
-1/√v from |N(0, range²)| as GPyTorch's ``SpectralMixtureKernel.initialize_from_data``, w = std(y) / Q, but
-μ log-uniform between 1 / range and half the inverse of the smallest spacing, with μ_0 = 0 (mixture 0 starts
-as an RBF kernel).  GPyTorch's uniform μ up to that Nyquist-like bound starts every mixture at high
-frequency on irregular inputs; from there Adam did not find the trend (CO2) nor a sine (random inputs):
-RMSE at the level of predicting the mean, the likelihood putting everything into the noise.
+``sm`` is the spectral mixture kernel of Wilson & Adams (2013) (spectral_mixture.py: its multi-input form, its
+memory-lean gradients and how its start is drawn from the data).
 
 The posterior mean m(x) = c + k(x, X)(K + σ²I)⁻¹(y - c) is itself a kernel smoother of the training targets,
 with weights that need not be positive or sum to one -- the contrast to attention that Transformer
@@ -35,84 +26,15 @@ processes, some 3 h per 200-step run with its evaluation each step; a GPU job).
 from __future__ import annotations
 
 import contextlib
-import math
 
 import gpytorch
 import torch
 from torch import Tensor, nn
 
 from kernel_attention.models import GP_KERNELS
+from kernel_attention.models.spectral_mixture import SpectralMixture
 
 __all__ = ["GPRegressor", "SpectralMixture", "GP_KERNELS"]
-
-
-class SpectralMixture(gpytorch.kernels.Kernel):
-    """k(x, x') = Σ_q w_q exp(-2π² Σ_d v_qd τ_d²) cos(2π μ_qᵀτ) (module docstring); v_qd = ``scales``²."""
-
-    has_lengthscale = False
-
-    def __init__(self, num_mixtures: int, num_dims: int):
-        super().__init__()
-        self.num_mixtures, self.num_dims = num_mixtures, num_dims
-        self.register_parameter("raw_weights", nn.Parameter(torch.zeros(num_mixtures)))
-        self.register_parameter("raw_means", nn.Parameter(torch.zeros(num_mixtures, num_dims)))
-        self.register_parameter("raw_scales", nn.Parameter(torch.zeros(num_mixtures, num_dims)))
-        for name in ("weights", "means", "scales"):
-            self.register_constraint(f"raw_{name}", gpytorch.constraints.Positive())
-
-    def _value(self, name: str) -> Tensor:
-        return getattr(self, f"raw_{name}_constraint").transform(getattr(self, f"raw_{name}"))
-
-    @property
-    def weights(self) -> Tensor:   # (Q,)
-        return self._value("weights")
-
-    @property
-    def means(self) -> Tensor:     # (Q, F): μ, frequencies
-        return self._value("means")
-
-    @property
-    def scales(self) -> Tensor:    # (Q, F): √v, spectral standard deviations
-        return self._value("scales")
-
-    def _set(self, name: str, value: Tensor) -> None:
-        raw = getattr(self, f"raw_{name}")
-        raw.data.copy_(getattr(self, f"raw_{name}_constraint").inverse_transform(value.to(raw)))
-
-    @torch.no_grad()
-    def initialize_from_data(self, x: Tensor, y: Tensor) -> None:
-        """Draw a start from the data (module docstring): √v_qd = 1 / |N(0, range_d²)|; μ_qd log-uniform
-        between 1 / range_d and 0.5 / (smallest spacing)_d, except μ_0 = 0 (mixture 0 starts as an RBF kernel,
-        the smooth trend); w_q = std(y) / Q."""
-        xs = x.sort(dim=0).values
-        span = (xs[-1] - xs[0]).clamp_min(1e-12)                                 # (F,)
-        gaps = xs[1:] - xs[:-1]
-        min_gap = torch.where(gaps > 0, gaps, torch.full_like(gaps, 1e10)).min(dim=0).values
-        lo, hi = span.reciprocal().log(), (0.5 / min_gap).clamp_min(1.0 / span).log()
-        q, f = self.num_mixtures, self.num_dims
-        means = (lo + torch.rand(q, f, dtype=x.dtype, device=x.device) * (hi - lo)).exp()
-        means[0] = 1e-6  # ≈ 0: the constraint keeps μ positive
-        draw = torch.randn(q, f, dtype=x.dtype, device=x.device)
-        self._set("scales", (draw * span).abs().clamp_min(1e-6).reciprocal())
-        self._set("means", means)
-        self._set("weights", (y.std() / q).expand(q))
-
-    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
-        """(..., N1, F), (..., N2, F) -> (..., N1, N2), or (..., N1) with ``diag``."""
-        w, mu, s = self.weights, self.means, self.scales
-        out = 0.0
-        for q in range(self.num_mixtures):
-            a1, a2 = x1 * s[q], x2 * s[q]                     # Σ_d v_qd τ_d² = ‖a1 - a2‖²
-            p1, p2 = 2 * math.pi * (x1 @ mu[q]), 2 * math.pi * (x2 @ mu[q])
-            if diag:
-                sq = ((a1 - a2) ** 2).sum(-1)
-                cos = torch.cos(p1 - p2)
-            else:
-                sq = self.covar_dist(a1, a2, square_dist=True)
-                cos = torch.cos(p1)[..., :, None] * torch.cos(p2)[..., None, :] \
-                    + torch.sin(p1)[..., :, None] * torch.sin(p2)[..., None, :]
-            out = out + w[q] * torch.exp(-2 * math.pi ** 2 * sq) * cos
-        return out
 
 
 def _exact(x: Tensor) -> contextlib.ExitStack:

@@ -254,7 +254,9 @@ def _build_reg(opts: StudyOptions):
                       "processes on a 2-core CPU, one thread each; the other columns' cells under 2 min; the GP rows "
                       "factorise its 5,287 training rows' kernel matrix at every step and evaluation, O(N^3): GP (RBF) "
                       "48 min per cell (three processes on the 2 cores, about 28 s per epoch), GP (SM) 49-53 min (two "
-                      "processes, 22-30 s per epoch; about 10 GB of memory each: its 4 mixtures' N x N terms)")
+                      "processes, 22-30 s per epoch; about 10 GB of memory each then: its 4 mixtures' N x N "
+                      "terms, kept for the backward pass; the kernel's own backward, added since, keeps none: 5 GB, "
+                      "2 GB with KERNEL_ATTENTION_MALLOC=system)")
     return cells, shrink
 
 
