@@ -81,6 +81,7 @@ class _SpectralMixtureMatrix(torch.autograd.Function):
         x1, x2, w, mu, s = ctx.saved_tensors
         gx1 = gx2 = 0.0
         gw, gmu, gs = torch.zeros_like(w), torch.zeros_like(mu), torch.zeros_like(s)
+        f = s.shape[-1]
         for q in range(w.shape[0]):
             a1, a2, (c1, s1), (c2, s2), d = _terms(x1, x2, mu[q], s[q])
             d.mul_(g)                                                  # G ⊙ E_q, in E's storage
@@ -95,7 +96,6 @@ class _SpectralMixtureMatrix(torch.autograd.Function):
             dt = d.transpose(-1, -2)
             gp2 = c2 * (dt @ s1[..., None])[..., 0] - s2 * (dt @ c1[..., None])[..., 0]
             del d, dt
-            f = s.shape[-1]
             gs[q] = (ga1 * x1).reshape(-1, f).sum(0) + (ga2 * x2).reshape(-1, f).sum(0)
             gmu[q] = 2 * math.pi * ((gp1[..., None] * x1).reshape(-1, f).sum(0)
                                     + (gp2[..., None] * x2).reshape(-1, f).sum(0))
