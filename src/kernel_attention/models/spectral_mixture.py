@@ -20,8 +20,8 @@ p = 2π x μ_q, and G = ∂L/∂K:
     ∂L/∂p_i  = -Σ_j D_ij sin(p_i - p'_j),          D = w_q G ⊙ E_q       (+Σ_i D_ij sin(p_i - p'_j) for p'_j)
 
 with sin(p_i - p'_j) = sin p_i cos p'_j - cos p_i sin p'_j, so that every sum over j is a matrix product.
-Measured on Parkinsons (``kernel-attention train`` of a GP (SM) cell's config, 3 steps with an evaluation each,
-one thread): peak resident memory 13.0 GB with autograd's tensors, 5.2 GB with this backward (a step 39 s
+Measured on Parkinsons (``kernel-attention train`` of a GP (SM) cell's config with ``train.max_steps=3`` and
+``model.restarts=2``, an evaluation each step, one thread, peak resident set by ``/usr/bin/time -v``): peak resident memory 13.0 GB with autograd's tensors, 5.2 GB with this backward (a step 39 s
 against 60 s, beside two other processes); 1.9 GB with ``KERNEL_ATTENTION_MALLOC=system``, as the CLI's heap
 setting (malloc.py) keeps freed 213 MiB N×N blocks in the heap.
 
