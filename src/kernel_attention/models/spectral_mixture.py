@@ -21,9 +21,10 @@ p = 2π x μ_q, and G = ∂L/∂K:
 
 with sin(p_i - p'_j) = sin p_i cos p'_j - cos p_i sin p'_j, so that every sum over j is a matrix product.
 Measured on Parkinsons (``kernel-attention train`` of a GP (SM) cell's config with ``train.max_steps=3`` and
-``model.restarts=2``, an evaluation each step, one thread, peak resident set by ``/usr/bin/time -v``): peak resident memory 13.0 GB with autograd's tensors, 5.2 GB with this backward (a step 39 s
-against 60 s, beside two other processes); 1.9 GB with ``KERNEL_ATTENTION_MALLOC=system``, as the CLI's heap
-setting (malloc.py) keeps freed 213 MiB N×N blocks in the heap.
+``model.restarts=2``, an evaluation each step, one thread; ``/usr/bin/time -v``): peak resident memory 13.0 GB
+with autograd's tensors, 5.2 GB with this backward (a step 39 s against 60 s, beside two other processes);
+1.9 GB with ``KERNEL_ATTENTION_MALLOC=system``, as the CLI's heap setting (malloc.py) keeps freed 213 MiB N×N
+blocks in the heap.
 
 The start is drawn from the data, from the global RNG (so the run's seed decides it): 1/√v from |N(0, range²)| as
 GPyTorch's ``SpectralMixtureKernel.initialize_from_data``, w = std(y) / Q, but μ log-uniform between 1 / range
