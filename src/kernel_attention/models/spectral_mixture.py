@@ -23,8 +23,8 @@ with sin(p_i - p'_j) = sin p_i cos p'_j - cos p_i sin p'_j, so that every sum ov
 Measured on Parkinsons (``kernel-attention train`` of a GP (SM) cell's config with ``train.max_steps=3`` and
 ``model.restarts=2``, an evaluation each step, one thread; ``/usr/bin/time -v``): peak resident memory 13.0 GB
 with autograd's tensors, 5.2 GB with this backward (a step 39 s against 60 s, beside two other processes);
-1.9 GB with ``KERNEL_ATTENTION_MALLOC=system``, as the CLI's heap setting (malloc.py) keeps freed 213 MiB N×N
-blocks in the heap.
+1.9 GB with ``KERNEL_ATTENTION_MALLOC=system`` (10 steps; 5.25 GB without), as the CLI's heap setting
+(malloc.py) keeps freed 213 MiB N×N blocks in the heap.
 
 The start is drawn from the data, from the global RNG (so the run's seed decides it): 1/√v from |N(0, range²)| as
 GPyTorch's ``SpectralMixtureKernel.initialize_from_data``, w = std(y) / Q, but μ log-uniform between 1 / range
@@ -57,9 +57,10 @@ def _terms(x1: Tensor, x2: Tensor, mu_q: Tensor, s_q: Tensor):
     return a1, a2, (p1.cos(), p1.sin()), (p2.cos(), p2.sin()), e
 
 
-def _outer(u: Tensor, v: Tensor) -> Tensor:
-    """(..., N1), (..., N2) -> (..., N1, N2)."""
-    return u[..., :, None] * v[..., None, :]
+def _cosine(cs1: tuple[Tensor, Tensor], cs2: tuple[Tensor, Tensor]) -> Tensor:
+    """C_q = cos(p_i - p'_j) = cos p_i cos p'_j + sin p_i sin p'_j from (cos p, sin p) of each side: (..., N1, N2)."""
+    (c1, s1), (c2, s2) = cs1, cs2
+    return (c1[..., :, None] * c2[..., None, :]).addcmul_(s1[..., :, None], s2[..., None, :])
 
 
 class _SpectralMixtureMatrix(torch.autograd.Function):
@@ -71,8 +72,8 @@ class _SpectralMixtureMatrix(torch.autograd.Function):
         ctx.save_for_backward(x1, x2, w, mu, s)
         out = None
         for q in range(w.shape[0]):
-            _, _, (c1, s1), (c2, s2), k = _terms(x1, x2, mu[q], s[q])
-            k.mul_(_outer(c1, c2).addcmul_(s1[..., :, None], s2[..., None, :])).mul_(w[q])
+            _, _, cs1, cs2, k = _terms(x1, x2, mu[q], s[q])
+            k.mul_(_cosine(cs1, cs2)).mul_(w[q])
             out = k if out is None else out.add_(k)
         return out
 
@@ -86,7 +87,7 @@ class _SpectralMixtureMatrix(torch.autograd.Function):
         for q in range(w.shape[0]):
             a1, a2, (c1, s1), (c2, s2), d = _terms(x1, x2, mu[q], s[q])
             d.mul_(g)                                                  # G ⊙ E_q, in E's storage
-            h = d * _outer(c1, c2).addcmul_(s1[..., :, None], s2[..., None, :])   # G ⊙ K_q
+            h = d * _cosine((c1, s1), (c2, s2))                        # G ⊙ K_q
             gw[q] = h.sum()
             h.mul_(-_TWO_PI_SQ * w[q])                                 # H = ∂L/∂S_q
             ga1 = 2 * (a1 * h.sum(-1)[..., None] - h @ a2)
