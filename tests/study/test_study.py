@@ -21,6 +21,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     assert all(r["status"] == "ok" and r["steps"] == "6" for r in rows)
     from kernel_attention.machine import numerics
     assert all(r["machine"] == numerics() and "torch" in r["machine"] for r in rows)  # what decides the rounding
+    assert all(r["command"] == "test" for r in rows)  # and what ran it
     table = (sdir / "table.md").read_text()
     assert "| exponential |" in table and "| RBF |" in table and "train.max_steps = 6" in table
     assert (sdir / "figures" / "curves_copy.png").stat().st_size > 1000
@@ -94,6 +95,47 @@ def test_collect_only_keeps_the_machine_and_command_the_cells_ran_with(tmp_path)
     table = (out / "synthetic-smoke" / "table.md").read_text()
     assert "GPU NVIDIA H100 80GB HBM3" in table and "`run-cmd`" in table
     assert json.loads(meta.read_text())["machine"] == recorded["machine"]
+
+
+def test_records_name_their_command_and_older_ones_the_folders_earlier_invocation(tmp_path):
+    """Each record keeps the command line that finished it, and the table lists every command with its cells.
+    Records written before that (no "command", no "machine"; here one cell's fields stripped) are put under the
+    command and machine an older study.json recorded for the folder, and later invocations keep them."""
+    out = tmp_path / "studies"
+    opts = StudyOptions(scale="small", seeds=1)
+    execute("synthetic-smoke", opts, out, command="old-cmd", log=lambda m: None, figures=False)
+    sdir = out / "synthetic-smoke"
+    old, new = sorted((sdir / "cells").iterdir())
+    rec = json.loads((old / "result.json").read_text())
+    del rec["command"], rec["machine"]
+    (old / "result.json").write_text(json.dumps(rec))
+    gpu = "x86_64 16 CPU cores, Linux, torch 2.11.0+cu130, 1 thread(s), GPU NVIDIA H100 80GB HBM3"
+    (sdir / "study.json").write_text(json.dumps({"command": "old-cmd on a GPU", "machine": gpu}))  # older format
+    (new / "result.json").unlink()
+    execute("synthetic-smoke", opts, out, command="new-cmd", log=lambda m: None, figures=False)
+    for collect in (False, True):
+        if collect:
+            execute("synthetic-smoke", opts, out, log=lambda m: None, figures=False, run=False)
+        table = (sdir / "table.md").read_text()
+        assert "Commands, each with the number of cells it finished:\n\n- `new-cmd` (1 cell)\n" \
+               "- 1 cell whose records name no command: old-cmd on a GPU\n" in table
+        from kernel_attention.machine import numerics
+        assert f"min on {numerics()} (1 cell); " in table and f"min on {gpu} (1 cell)." in table
+        assert json.loads((sdir / "study.json").read_text())["earlier"] == {"command": "old-cmd on a GPU",
+                                                                           "machine": gpu}
+    rows = {r["cell"]: r for r in csv.DictReader((sdir / "runs.csv").open())}
+    assert rows[new.name]["command"] == "new-cmd" and rows[old.name]["command"] == ""
+
+
+def test_command_line_when_no_record_names_one():
+    """Rows of an older runs.csv alone: the invocation's command, as one line."""
+    from kernel_attention.study.report import render_tables
+
+    study = get_study("synthetic-smoke")
+    rec = {"table": "copy", "row": "exp", "col": "copy", "seed": 1, "status": "ok", "valid": 0.5, "test": 0.5}
+    text = render_tables(study, [rec], [], "small", command="kernel-attention study x", wall_s=60, machine="host")
+    assert "\nCommand: `kernel-attention study x`\nWall time of the cells (sum): 1.0 min on host.\n" in text
+    assert "Commands," not in render_tables(study, [rec], [], "small")
 
 
 def test_protocols():
@@ -314,6 +356,10 @@ def test_wall_time_line_names_each_machine_the_cells_ran_on():
                     "(1 cell); 1.0 min on machines not recorded (1 cell).")
     one = render_tables(study, runs[:2], [], "small", wall_s=900, machine="host")
     assert "Wall time of the cells (sum): 15.0 min on host." in one
+    # one machine named and the others not: not all on the host; the unnamed under the folder's earlier machine
+    mixed = render_tables(study, runs[:2] + runs[3:], [], "small", wall_s=960, machine="host",
+                          earlier={"machine": gpu})
+    assert f"Wall time of the cells (sum): 16.0 min: 15.0 min on {cpu} (2 cells); 1.0 min on {gpu} (1 cell)." in mixed
 
 
 def test_regression_study_runs_the_gp_rows_on_the_attention_rows_splits():

@@ -39,20 +39,23 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     sdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     host = machine()
-    if not run and (sdir / "study.json").is_file():
+    recorded = json.loads((sdir / "study.json").read_text()) if (sdir / "study.json").is_file() else {}
+    if not run and recorded:
         # Collecting only: the command and machine are those of the invocation that ran the cells
         # (they may have run elsewhere, e.g. on a GPU machine, and been copied here).
-        recorded = json.loads((sdir / "study.json").read_text())
         command = command or recorded.get("command", "")
         host = recorded.get("machine", host)
+    # What ran the records that name no command or machine (written before each record kept its own): a
+    # study.json of that time says it in "command" and "machine"; later ones carry it on as "earlier".
+    earlier = recorded.get("earlier", {"command": recorded.get("command", ""), "machine": recorded.get("machine", "")})
     cells, results, shrink = run_study(study, options, out, retry_errors=retry_errors, log=log, run=run,
                                       import_from=import_from, rerun_stale=rerun_stale,
-                                      checkpoint_minutes=checkpoint_minutes)
+                                      checkpoint_minutes=checkpoint_minutes, command=command if run else "")
     for line in shrink:
         log(f"  {options.scale} scale: {line}")
     csv_path = write_csv(sdir / "runs.csv", study, results)
     wall = sum(float(r.get("wall_s") or 0) for r in results)
-    text = render_tables(study, results, shrink, options.scale, command, wall, host)
+    text = render_tables(study, results, shrink, options.scale, command, wall, host, earlier)
     (sdir / "table.md").write_text(text)
     figs: list[str] = []
     if figures and study.figures is not None and results:
@@ -63,7 +66,7 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     (sdir / "study.json").write_text(json.dumps({"study": name, "scale": options.scale, "command": command,
                                                  "shrink": shrink, "cells": len(cells), "finished": len(results),
                                                  "cell_wall_s": wall, "this_invocation_s": time.time() - t0,
-                                                 "machine": host, "figures": figs}, indent=1))
+                                                 "machine": host, "earlier": earlier, "figures": figs}, indent=1))
     log(f"wrote {csv_path}, {sdir / 'table.md'}" + (f", {len(figs)} figure(s) in {sdir / 'figures'}" if figs else ""))
     return {"dir": sdir, "csv": csv_path, "table": sdir / "table.md", "figures": figs, "results": results,
             "wall_s": wall}

@@ -22,7 +22,7 @@ __all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "CSV_FIEL
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
               "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error", "machine",
-              "config", "same_config_as"]
+              "config", "same_config_as", "command"]
 
 
 def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
@@ -87,37 +87,61 @@ def summarize_cell(protocol: str, table: TableSpec, runs: list[dict]) -> dict[st
     return {"text": f"{s.mean:.{dg}f}±{s.std:.{dg}f}{note}", "value": s.mean, "std": s.std, "n": len(runs)}
 
 
-def _wall_line(results: list[dict], wall_s: float, machine: str) -> str:
+def _cells(n: int) -> str:
+    return f"{n} cell{'s' if n != 1 else ''}"
+
+
+def _wall_line(results: list[dict], wall_s: float, machine: str, earlier_machine: str = "") -> str:
     """The summed wall time of the cells, on ``machine`` (the invocation's host); when the records name more
-    than one machine (``machine``: cells run on a CPU and a GPU, say, and collected in one folder), the sum
-    per machine the records name instead, since one host would misname the others' cells."""
+    than one machine (``machine``: cells run on a CPU and a GPU, say, and collected in one folder), or name one
+    and leave others unnamed, the sum per machine instead, since one host would misname the others' cells.
+    Records that name none (written before the field was) are summed under ``earlier_machine``, the machine a
+    study folder says they ran on (``study.json``), else as "machines not recorded"."""
     named: dict[str, list[float]] = {}
     for r in results:
         if r.get("machine"):
             named.setdefault(r["machine"], []).append(float(r.get("wall_s") or 0))
-    if len(named) <= 1:
-        return f"Wall time of the cells (sum): {wall_s / 60:.1f} min{(' on ' + machine) if machine else ''}."
-
-    def cells(n: int) -> str:
-        return f"{n} cell{'s' if n != 1 else ''}"
-    parts = [f"{sum(w) / 60:.1f} min on {m} ({cells(len(w))})" for m, w in sorted(named.items())]
     unnamed = [r for r in results if not r.get("machine")]
+    if len(named) + bool(unnamed) <= 1:
+        return f"Wall time of the cells (sum): {wall_s / 60:.1f} min{(' on ' + machine) if machine else ''}."
+    parts = [f"{sum(w) / 60:.1f} min on {m} ({_cells(len(w))})" for m, w in sorted(named.items())]
     if unnamed:
-        parts.append(f"{sum(float(r.get('wall_s') or 0) for r in unnamed) / 60:.1f} min on machines not recorded "
-                     f"({cells(len(unnamed))})")
+        parts.append(f"{sum(float(r.get('wall_s') or 0) for r in unnamed) / 60:.1f} min on "
+                     f"{earlier_machine or 'machines not recorded'} ({_cells(len(unnamed))})")
     return f"Wall time of the cells (sum): {wall_s / 60:.1f} min: " + "; ".join(parts) + "."
 
 
+def _command_lines(results: list[dict], command: str, earlier_command: str = "") -> list[str]:
+    """The table's command: the command line each record names (:func:`.runner.run_cell`), one line per command
+    with the number of cells it finished, in the order the grid first meets it; records that name none (run
+    before the field was, or imported from an older runs.csv) under ``earlier_command``.  When no record
+    names one, ``command`` (the invocation's) alone, as before."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.get("command"):
+            counts[r["command"]] = counts.get(r["command"], 0) + 1
+    if not counts:
+        return ["", f"Command: `{command}`"] if command else []
+    lines = ["", "Commands, each with the number of cells it finished:", ""]
+    lines += [f"- `{c}` ({_cells(n)})" for c, n in counts.items()]
+    unnamed = sum(1 for r in results if not r.get("command"))
+    if unnamed:
+        lines.append(f"- {_cells(unnamed)} whose records name no command"
+                     + (f": {earlier_command}" if earlier_command else " (run before commands were recorded)"))
+    return lines + [""]
+
+
 def render_tables(study: Study, results: list[dict], shrink: list[str], scale: str, command: str = "",
-                  wall_s: float | None = None, machine: str = "") -> str:
-    """The markdown of table.md: one table per TableSpec, ours then paper per column."""
+                  wall_s: float | None = None, machine: str = "", earlier: dict | None = None) -> str:
+    """The markdown of table.md: one table per TableSpec, ours then paper per column.  ``earlier``: the
+    ``"command"`` and ``"machine"`` of records that name neither (:func:`_command_lines`, :func:`_wall_line`)."""
+    earlier = earlier or {}
     lines = [f"# {study.title}", "", f"Scale: `{scale}`. Protocol: "
              + ("best validation of N seeds -> its test score (TD)." if study.protocol == "best_valid"
                 else "mean ± std over runs (IKA).")]
-    if command:
-        lines += ["", f"Command: `{command}`"]
+    lines += _command_lines(results, command, earlier.get("command", ""))
     if wall_s is not None:
-        lines += [_wall_line(results, wall_s, machine)]
+        lines += [_wall_line(results, wall_s, machine, earlier.get("machine", ""))]
     if shrink:
         lines += ["", "What this scale changes relative to the paper's configuration:", ""]
         lines += [f"- {s}" for s in shrink]

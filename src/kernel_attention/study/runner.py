@@ -11,6 +11,7 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
      "wall_s": seconds the cell took, over every invocation that trained it (the time up to the checkpoint
      a resume started from, kept in it as ``elapsed_s``, plus the resuming invocation's),
      "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`),
+     "command": the command line of the invocation that finished the cell ("" from the Python API),
      "config": the cell's configuration key (:attr:`.core.Cell.key`)}
 
 A finished cell whose record names another configuration than the grid's -- a config corrected after the cell
@@ -71,10 +72,12 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(float(x))
 
 
-def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float | None = None) -> dict[str, Any]:
+def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float | None = None,
+             command: str = "") -> dict[str, Any]:
     """Train one cell (resuming from ``last.pt``) and return its result record.  ``checkpoint_minutes``:
     write ``last.pt`` at least this often instead of the config's ``train.checkpoint_minutes`` (a setting of
-    the machine, such as a lease that ends, not of the run: the cell's configuration and key stay)."""
+    the machine, such as a lease that ends, not of the run: the cell's configuration and key stay).
+    ``command``: the invocation's command line, kept in the record so that each row names what ran it."""
     from kernel_attention.config import dump_config
     from kernel_attention.study.probes import ProbedTask
     from kernel_attention.tasks.runner import prepare
@@ -105,6 +108,7 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
         traceback.print_exc(file=sys.stderr)
     rec["wall_s"] = round(before + time.time() - t0, 1)
     rec["machine"] = numerics()
+    rec["command"] = command
     rows = read_metrics(run_dir)
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
@@ -266,12 +270,13 @@ def _move_aside(d: Path, key: str) -> Path | None:
 
 def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
               log=print, run: bool = True, import_from: tuple[str | Path, ...] = (), rerun_stale: bool = False,
-              checkpoint_minutes: float | None = None) -> tuple[list[Cell], list[dict], list[str]]:
+              checkpoint_minutes: float | None = None, command: str = "") -> tuple[list[Cell], list[dict], list[str]]:
     """Run every unfinished cell of ``study`` (``run=False``: none, only collect); returns
     ``(cells, results, shrink)``.  ``import_from``: runs.csv files whose finished cells are carried in
     first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding.  ``rerun_stale``: move
     the folders of cells finished with another configuration aside and run them (module docstring).
-    ``checkpoint_minutes``: how often each cell writes ``last.pt`` (:func:`run_cell`)."""
+    ``checkpoint_minutes``: how often each cell writes ``last.pt``; ``command``: the command line each record
+    keeps (:func:`run_cell`)."""
     cells, shrink = study.build(options)
     twins = twins_of(cells)  # over the whole grid: a twin outside ``options.only`` is carried too
 
@@ -331,7 +336,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
                 continue
             metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
             t0 = time.time()
-            rec = run_cell(c, d, metric, checkpoint_minutes=checkpoint_minutes)
+            rec = run_cell(c, d, metric, checkpoint_minutes=checkpoint_minutes, command=command)
             rec["scale"] = options.scale
             (d / "result.json").write_text(json.dumps(rec, indent=1, default=str))
         spent.append(time.time() - t0)
