@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from kernel_attention.study.core import Cell, Study, StudyOptions, TableSpec, register_study
 from kernel_attention.study.figures import training_curves
 
-__all__ = ["SMALL_NMT", "SMALL_SP", "load_paper_config", "shrink_nmt", "shrink_sp", "CONFIG_ROOT"]
+__all__ = ["SMALL_NMT", "SMALL_SP", "load_paper_config", "cell_base", "shrink_nmt", "shrink_sp", "CONFIG_ROOT"]
 
 CONFIG_ROOT = Path(__file__).resolve().parents[3] / "configs"
 
@@ -53,6 +53,18 @@ def load_paper_config(rel: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
+def cell_base(rel: str, shrink: Callable[[dict], dict] | None, dataset: Any) -> dict[str, Any]:
+    """The configuration a study's cells of one (row, column) start from: the paper's config ``rel`` without
+    its ``run`` section (the study names each cell's folder), passed through ``shrink`` at small scale (None at
+    paper scale), reading ``dataset`` (:meth:`.core.StudyOptions.dataset`)."""
+    base = load_paper_config(rel)
+    base.pop("run", None)
+    if shrink is not None:
+        base = shrink(base)
+    base["data"] = {"dataset": dataset}
+    return base
+
+
 def _merge(cfg: dict, over: dict) -> dict:
     cfg = copy.deepcopy(cfg)
     for sec, kv in over.items():
@@ -78,13 +90,10 @@ def _cells(study: str, opts: StudyOptions, spec: list[tuple[str, str, str, str]]
     lm_ds = lm_data or ("wikitext-2" if small else "wikitext-103")
     cells, kinds = [], set()
     for table, row, col, rel in spec:
-        base = load_paper_config(rel)
-        kind = "nmt" if base["task"]["name"] == "translation" else "sp"
+        kind = "nmt" if load_paper_config(rel)["task"]["name"] == "translation" else "sp"
         kinds.add(kind)
-        if small:
-            base = shrink_nmt(base) if kind == "nmt" else shrink_sp(base)
-        base["data"] = {"dataset": opts.dataset(nmt_ds if kind == "nmt" else lm_ds)}
-        base.pop("run", None)
+        base = cell_base(rel, (shrink_nmt if kind == "nmt" else shrink_sp) if small else None,
+                         opts.dataset(nmt_ds if kind == "nmt" else lm_ds))
         for s in range(seeds):
             cfg = copy.deepcopy(base)
             cfg["seed"] = int(base.get("seed", 1)) + s

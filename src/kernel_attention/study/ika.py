@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 
 from kernel_attention.data.classification import CLASSIFICATION
 from kernel_attention.study.core import Cell, Study, StudyOptions, TableSpec, register_study
-from kernel_attention.study.dissection import SHRINK_NMT, _describe, _merge, load_paper_config, shrink_nmt
+from kernel_attention.study.dissection import SHRINK_NMT, _describe, _merge, cell_base, shrink_nmt
 from kernel_attention.study.figures import (attention_heatmaps, p_histograms, similarity_magnitude,
                                             training_curves)
 from kernel_attention.training.loop import read_metrics
@@ -126,14 +127,11 @@ _CLS_PAPER = {(r, ds): v for r, line in _CLS_PAPER_ROWS.items() for (ds, _), v i
 def _build_cls(opts: StudyOptions):
     small = opts.scale == "small"
     folds = opts.seeds or (2 if small else 10)
+    small_cfg = functools.partial(_merge, over=SMALL_CLS) if small else None
     cells = []
     for ds, _ in _CLS_DS:
         for rid, _ in _MODELS:
-            base = load_paper_config(f"implicit_kernel_attention/table2/{ds}_{rid}.yaml")
-            base.pop("run", None)
-            if small:
-                base = _merge(base, SMALL_CLS)
-            base["data"] = {"dataset": opts.dataset(ds)}
+            base = cell_base(f"implicit_kernel_attention/table2/{ds}_{rid}.yaml", small_cfg, opts.dataset(ds))
             given_test = "test" in CLASSIFICATION[ds][0]  # TREC, SST: one split, so runs differ by seed
             for f in range(folds):
                 cfg = copy.deepcopy(base)
@@ -176,11 +174,8 @@ def _build_nmt(opts: StudyOptions):
     ds = opts.nmt_data or ("multi30k" if small else "iwslt14")
     cells = []
     for rid, _ in _NMT_ROWS:
-        base = load_paper_config(f"implicit_kernel_attention/table3/iwslt14_{rid}.yaml")
-        base.pop("run", None)
-        if small:
-            base = shrink_nmt(base)
-        base["data"] = {"dataset": opts.dataset(ds)}
+        base = cell_base(f"implicit_kernel_attention/table3/iwslt14_{rid}.yaml", shrink_nmt if small else None,
+                         opts.dataset(ds))
         for s in range(seeds):
             cfg = copy.deepcopy(base)
             cfg["seed"] = int(base.get("seed", 1)) + s
@@ -221,23 +216,16 @@ _P_DS = "housing"
 def _build_reg(opts: StudyOptions):
     small = opts.scale == "small"
     splits = opts.seeds or (3 if small else 10)
+    small_cfg = functools.partial(_merge, over=SMALL_REG) if small else None
     cells = []
     for ds, _ in _REG_DS:
         for rid, _ in _GP_ROWS + _REG_ROWS:
-            base = load_paper_config(f"implicit_kernel_attention/table4/{ds}_{rid}.yaml")
-            base.pop("run", None)
-            if small:
-                base = _merge(base, SMALL_REG)
-            base["data"] = {"dataset": opts.dataset(ds)}
+            base = cell_base(f"implicit_kernel_attention/table4/{ds}_{rid}.yaml", small_cfg, opts.dataset(ds))
             for s in range(splits):
                 cfg = copy.deepcopy(base)
                 cfg["task"]["split"] = s
                 cells.append(Cell("ika-regression", "t4", rid, ds, s, cfg))
-    base = load_paper_config(f"implicit_kernel_attention/table4/{_P_DS}_ikan_direct.yaml")
-    base.pop("run", None)
-    if small:
-        base = _merge(base, SMALL_REG)
-    base["data"] = {"dataset": opts.dataset(_P_DS)}
+    base = cell_base(f"implicit_kernel_attention/table4/{_P_DS}_ikan_direct.yaml", small_cfg, opts.dataset(_P_DS))
     for p in _P_SWEEP:
         for s in range(splits):
             cfg = copy.deepcopy(base)
@@ -315,14 +303,11 @@ _G_PAPER = {("gat", "cora"): "83.0±0.7", ("gat", "citeseer"): "72.5±0.7", ("ga
 def _build_graph(opts: StudyOptions):
     small = opts.scale == "small"
     seeds = opts.seeds or (3 if small else 10)
+    small_cfg = functools.partial(_merge, over=SMALL_GRAPH) if small else None
     cells = []
     for ds in ("cora", "citeseer"):  # Pubmed: ind.pubmed.allx is missing from every copy found
         for rid, _ in _G_ROWS:
-            base = load_paper_config(f"implicit_kernel_attention/table5/{ds}_{rid}.yaml")
-            base.pop("run", None)
-            if small:
-                base = _merge(base, SMALL_GRAPH)
-            base["data"] = {"dataset": opts.dataset(ds)}
+            base = cell_base(f"implicit_kernel_attention/table5/{ds}_{rid}.yaml", small_cfg, opts.dataset(ds))
             for s in range(seeds):
                 cfg = copy.deepcopy(base)
                 cfg["seed"] = int(base.get("seed", 1)) + s
