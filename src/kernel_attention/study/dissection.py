@@ -84,7 +84,8 @@ def shrink_sp(cfg: dict) -> dict:
 
 def _cells(study: str, opts: StudyOptions, spec: list[tuple[str, str, str, str]], seeds: int,
            nmt_data: str | None, lm_data: str | None) -> tuple[list[Cell], list[str]]:
-    """spec: (table, row, col, config path under configs/); the column's prefix nmt/sp picks the shrink."""
+    """spec: (table, row, col, config path under configs/); the config's task (translation or language
+    modelling) picks the shrink and the dataset."""
     small = opts.scale == "small"
     nmt_ds = nmt_data or ("multi30k" if small else "iwslt14")
     lm_ds = lm_data or ("wikitext-2" if small else "wikitext-103")
