@@ -127,8 +127,9 @@ def test_records_name_their_command_and_older_ones_the_folders_earlier_invocatio
     assert rows[new.name]["command"] == "new-cmd" and rows[old.name]["command"] == ""
 
 
-def test_command_line_when_no_record_names_one():
-    """Rows of an older runs.csv alone: the invocation's command, as one line."""
+def test_command_lines_of_the_table():
+    """Rows of an older runs.csv alone: the invocation's command, as one line.  Records that name their
+    commands: each command with its cells, the first twelve (then how many more the CSV names)."""
     from kernel_attention.study.report import render_tables
 
     study = get_study("synthetic-smoke")
@@ -136,6 +137,10 @@ def test_command_line_when_no_record_names_one():
     text = render_tables(study, [rec], [], "small", command="kernel-attention study x", wall_s=60, machine="host")
     assert "\nCommand: `kernel-attention study x`\nWall time of the cells (sum): 1.0 min on host.\n" in text
     assert "Commands," not in render_tables(study, [rec], [], "small")
+    many = [dict(rec, seed=i, command=f"kernel-attention study x --only c{i}") for i in range(14)]
+    text = render_tables(study, many + many[:1], [], "small")
+    assert "- `kernel-attention study x --only c0` (2 cells)\n" in text and "--only c11` (1 cell)\n" in text
+    assert "--only c12`" not in text and "- 2 more commands (2 cells): the `command` column of runs.csv\n" in text
 
 
 def test_protocols():

@@ -111,6 +111,9 @@ def _wall_line(results: list[dict], wall_s: float, machine: str, earlier_machine
     return f"Wall time of the cells (sum): {wall_s / 60:.1f} min: " + "; ".join(parts) + "."
 
 
+_MAX_COMMANDS = 12  # listed in a table's header; the CSV names every row's
+
+
 def _command_lines(results: list[dict], command: str, earlier_command: str = "") -> list[str]:
     """The table's command: the command line each record names (:func:`.runner.run_cell`), one line per command
     with the number of cells it finished, in the order the grid first meets it; records that name none (run
@@ -123,7 +126,10 @@ def _command_lines(results: list[dict], command: str, earlier_command: str = "")
     if not counts:
         return ["", f"Command: `{command}`"] if command else []
     lines = ["", "Commands, each with the number of cells it finished:", ""]
-    lines += [f"- `{c}` ({_cells(n)})" for c, n in counts.items()]
+    lines += [f"- `{c}` ({_cells(n)})" for c, n in list(counts.items())[:_MAX_COMMANDS]]
+    if len(counts) > _MAX_COMMANDS:  # one invocation per cell, say: the CSV's column names each
+        rest = list(counts.values())[_MAX_COMMANDS:]
+        lines.append(f"- {len(rest)} more commands ({_cells(sum(rest))}): the `command` column of runs.csv")
     unnamed = sum(1 for r in results if not r.get("command"))
     if unnamed:
         lines.append(f"- {_cells(unnamed)} whose records name no command"
