@@ -63,6 +63,20 @@ def test_run_killed_before_its_first_checkpoint_starts_over_with_a_clean_log(tmp
     assert _records(tmp_path / "part") == _records(tmp_path / "full")
 
 
+def test_a_line_cut_short_by_a_kill_neither_stops_the_resume_nor_stays_in_the_log(tmp_path):
+    """A process killed while it wrote a record leaves half a line: readers skip it, the resumed run drops it
+    with the other records after its checkpoint, and the log ends as the uninterrupted run's."""
+    from kernel_attention.training import read_metrics
+
+    Trainer(ToyTask(reg=True), _cfg(), tmp_path / "full").fit()
+    Trainer(ToyTask(reg=True), _cfg(stop_after=7), tmp_path / "part").fit()
+    with open(tmp_path / "part" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 8, "epoch": 2, "split": "tr')
+    assert [r["step"] for r in read_metrics(tmp_path / "part")][-1] == 7
+    Trainer(ToyTask(reg=True), _cfg(), tmp_path / "part").fit()
+    assert _records(tmp_path / "part") == _records(tmp_path / "full")
+
+
 def test_finished_run_is_not_repeated(tmp_path):
     Trainer(ToyTask(), _cfg(max_steps=3, eval_every=0, checkpoint_every=0), tmp_path).fit()
     n = len(_records(tmp_path))

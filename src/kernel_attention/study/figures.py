@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kernel_attention.training.loop import read_metrics  # noqa: E402
+from kernel_attention.training.run_log import read_metrics  # noqa: E402
 
 __all__ = ["training_curves", "attention_heatmaps", "similarity_magnitude", "p_histograms"]
 

@@ -19,7 +19,7 @@ from kernel_attention.study.core import Cell, Study, StudyOptions, TableSpec, re
 from kernel_attention.study.dissection import SHRINK_NMT, _describe, _merge, cell_base, shrink_nmt
 from kernel_attention.study.figures import (attention_heatmaps, p_histograms, similarity_magnitude,
                                             training_curves)
-from kernel_attention.training.loop import read_metrics
+from kernel_attention.training.run_log import read_metrics
 
 __all__ = ["SMALL_CLS", "SMALL_REG", "SMALL_GRAPH"]
 

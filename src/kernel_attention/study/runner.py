@@ -57,7 +57,7 @@ from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
-from kernel_attention.training.loop import read_metrics
+from kernel_attention.training.run_log import read_metrics
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
            "running_elsewhere"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.study.runner import cell_dir, is_stale, running_elsewhere, select_cells
-from kernel_attention.training.loop import read_metrics
+from kernel_attention.training.run_log import read_metrics
 
 __all__ = ["CellState", "cell_states", "format_states"]
 

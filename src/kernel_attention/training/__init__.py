@@ -5,6 +5,7 @@
                      DDP, evaluation, checkpoints, exact resume, metrics.jsonl, tqdm)
     config.py        TrainConfig (the ``train:`` section of a config) and seed_everything
     schedules.py     SCHEDULES registry: constant, inverse_sqrt (fairseq), cosine (Transformer-XL)
+    run_log.py       metrics.jsonl (and TensorBoard): append, read, cut back to a checkpoint on resume
     checkpoint.py    atomic last.pt / best.pt with RNG states and data position
     distributed.py   torchrun env -> process group (gloo on CPU, nccl on GPU), DDP, rank-0 helpers
     metrics.py       perplexity, BLEU (detokenised sacreBLEU / tokenised fairseq-style), accuracy, RMSE
@@ -13,7 +14,8 @@
 
 from kernel_attention.training.checkpoint import load_checkpoint, save_checkpoint
 from kernel_attention.training.config import TrainConfig, seed_everything
-from kernel_attention.training.loop import Trainer, read_metrics
+from kernel_attention.training.loop import Trainer
+from kernel_attention.training.run_log import read_metrics
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task, unwrap
 

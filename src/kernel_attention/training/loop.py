@@ -25,9 +25,10 @@ updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and 
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
 "valid" | "test", <metrics>, "wall_s"}``; final records have ``"final": true``, the best checkpoint's test
-record ``"checkpoint": "best"``), ``last.pt``, ``best.pt`` (see :mod:`.checkpoint`), and TensorBoard event
-files when ``tensorboard=True`` and it is installed.  ``wall_s`` is the seconds the run has trained, counted
-on across resumes: a checkpoint keeps the time up to it (``elapsed_s``) and a resumed run adds on from there.
+record ``"checkpoint": "best"``; written by :mod:`.run_log`), ``last.pt``, ``best.pt`` (see
+:mod:`.checkpoint`), and TensorBoard event files when ``tensorboard=True`` and it is installed.  ``wall_s`` is
+the seconds the run has trained, counted on across resumes: a checkpoint keeps the time up to it
+(``elapsed_s``) and a resumed run adds on from there.
 
 Exact resume: with ``resume=True`` and a ``last.pt`` in ``run_dir``, the trainer restores weights,
 optimiser, scaler, every RNG (per rank), the step, the epoch and the micro-batch position inside it,
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import math
 import os
 import sys
@@ -60,10 +60,11 @@ from torch import nn
 from kernel_attention.training import distributed as D
 from kernel_attention.training.checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state
 from kernel_attention.training.config import TrainConfig, seed_everything
+from kernel_attention.training.run_log import RunLog
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task
 
-__all__ = ["Trainer", "TIMING_KEYS", "read_metrics"]
+__all__ = ["Trainer", "TIMING_KEYS"]
 
 #: keys of metrics.jsonl records that depend on wall-clock time (everything else is reproducible)
 TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
@@ -71,20 +72,6 @@ TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
 #: the key under which the seconds since last.pt ride along with the train record's reduction (not logged)
 SINCE_SAVE = "_since_save_s"
 
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` in order ([] when there is none); a line cut short by a
-    killed run is skipped."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return rows
 
 class Trainer:
     """Trains ``task``'s model under ``config``, writing into ``run_dir`` (see the module docstring).
@@ -103,6 +90,7 @@ class Trainer:
         self.is_main = self.info.rank == 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = RunLog(self.run_dir, main=self.is_main, tensorboard=config.tensorboard)
 
         self.precision = config.precision
         if self.precision != "fp32" and self.device.type != "cuda":
@@ -130,11 +118,9 @@ class Trainer:
         self._t0: float | None = None  # when fit() began in this process
         if resume and (self.run_dir / "last.pt").is_file():
             self._restore(load_checkpoint(self.run_dir / "last.pt", map_location=self.device))
-        elif self.is_main:
-            # A run killed before its first checkpoint starts again from step 0: its records go too.
-            self._truncate_metrics(0)
+        else:  # a run killed before its first checkpoint starts again from step 0: its records go too
+            self.metrics.truncate(0)
         self.model = D.wrap_model(self.raw_model, self.device)
-        self._writer = None
         self._last_eval: tuple[int, dict] | None = None
         self._last_eval_step: int | None = None
 
@@ -174,18 +160,7 @@ class Trainer:
         self.best, self.finished = dict(ck["best"]), bool(ck.get("finished", False))
         self.resumed_from = self.step
         self.resumed_elapsed = float(ck.get("elapsed_s", 0.0))  # checkpoints from before it: not known
-        if self.is_main:
-            self._truncate_metrics(self.step)
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Forget records written after the checkpoint (by a run that was killed later)."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        self.metrics.truncate(self.step)  # what a run killed after this checkpoint logged is done again
 
     def elapsed(self) -> float:
         """Seconds this run has trained: the resumed checkpoint's ``elapsed_s`` plus this process's time
@@ -195,27 +170,8 @@ class Trainer:
 
     # -- logging ----------------------------------------------------------------------------------
     def log(self, record: dict[str, Any]) -> None:
-        """Append one record to metrics.jsonl (rank 0 only) and to TensorBoard if enabled."""
-        if not self.is_main:
-            return
-        record = {"step": self.step, "epoch": self.epoch, **record, "wall_s": round(self.elapsed(), 3)}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            split = record.get("split", "train")
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch"):
-                    self._writer.add_scalar(f"{split}/{k}", v, self.step)
-
-    def _open_tensorboard(self) -> None:
-        if not (self.config.tensorboard and self.is_main):
-            return
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            warnings.warn("tensorboard=True but TensorBoard is not installed; logging to metrics.jsonl only")
-            return
-        self._writer = SummaryWriter(str(self.run_dir / "tb"))
+        """Append one record, stamped with the step, epoch and ``wall_s``, to the run's log (rank 0 only)."""
+        self.metrics.write({"step": self.step, "epoch": self.epoch, **record, "wall_s": round(self.elapsed(), 3)})
 
     # -- evaluation -------------------------------------------------------------------------------
     def _autocast(self):
@@ -329,7 +285,7 @@ class Trainer:
             return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
         stop_after = c.stop_after if c.stop_after is not None else (
             int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
-        self._open_tensorboard()
+        self.metrics.open()
         bar = self._progress()
         acc: dict[str, float] = {}
         t_last, steps_since, tokens_since = time.time(), 0, 0
@@ -379,8 +335,7 @@ class Trainer:
             summary.update(self._finish())
         finally:
             bar.close()
-            if self._writer is not None:
-                self._writer.close()
+            self.metrics.close()
         return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
 
     def _finish(self) -> dict[str, Any]:

@@ -1,0 +1,43 @@
+"""The run's metrics log: append, read back, cut back to a checkpoint's step; rank 0 alone writes."""
+
+import importlib.util
+
+import pytest
+
+from kernel_attention.training.run_log import RunLog, read_metrics
+
+
+def test_write_read_and_truncate(tmp_path):
+    log = RunLog(tmp_path)
+    for step in (1, 2, 3, 4):
+        log.write({"step": step, "split": "train", "loss": 1.0 / step})
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    text = (tmp_path / "metrics.jsonl").read_text()
+    log.truncate(2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert (tmp_path / "metrics.jsonl").read_text() == "".join(text.splitlines(keepends=True)[:2])  # lines as written
+    assert read_metrics(tmp_path / "none") == []
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    log = RunLog(tmp_path, main=False, tensorboard=True)
+    log.open()
+    log.write({"step": 1, "loss": 0.5})
+    log.truncate(0)
+    log.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_tensorboard_when_asked(tmp_path):
+    """Scalars go to run_dir/tb when TensorBoard is installed; without it a warning, and metrics.jsonl alone."""
+    log = RunLog(tmp_path, tensorboard=True)
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.warns(UserWarning, match="TensorBoard is not installed"):
+            log.open()
+    else:
+        log.open()
+    log.write({"step": 1, "split": "valid", "loss": 0.5})
+    log.close()
+    assert read_metrics(tmp_path) == [{"step": 1, "split": "valid", "loss": 0.5}]
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
