@@ -33,6 +33,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from kernel_attention.atomic_write import write_text
+
 __all__ = ["SECTIONS", "ConfigError", "load_config", "apply_overrides", "parse_override", "parse_value",
            "validate_sections", "dump_config"]
 
@@ -130,10 +132,7 @@ def dump_config(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
     if path.is_dir() or not path.suffix:
         path = path / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(_plain(config), sort_keys=False, default_flow_style=None))
-    os.replace(tmp, path)
-    return path
+    return write_text(path, yaml.safe_dump(_plain(config), sort_keys=False, default_flow_style=None))
 
 
 def _plain(x: Any) -> Any:

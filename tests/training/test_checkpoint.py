@@ -17,7 +17,7 @@ def test_round_trip_restores_weights_optimizer_and_rng(tmp_path):
     draws = (random.random(), np.random.rand(), torch.rand(2))
     path = save_checkpoint(tmp_path / "last.pt", {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                                   "rng": [rng], "step": 7, "epoch": 1, "position": 3})
-    assert not (tmp_path / "last.pt.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left
 
     ck = load_checkpoint(path)
     model2 = torch.nn.Linear(3, 2)

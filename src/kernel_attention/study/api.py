@@ -7,6 +7,7 @@ import platform
 import time
 from pathlib import Path
 
+from kernel_attention.atomic_write import write_text
 from kernel_attention.machine import cpu
 from kernel_attention.study.core import StudyOptions, get_study
 from kernel_attention.study.report import render_tables, write_csv
@@ -56,17 +57,17 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     csv_path = write_csv(sdir / "runs.csv", study, results)
     wall = sum(float(r.get("wall_s") or 0) for r in results)
     text = render_tables(study, results, shrink, options.scale, command, wall, host, earlier)
-    (sdir / "table.md").write_text(text)
+    write_text(sdir / "table.md", text)
     figs: list[str] = []
     if figures and study.figures is not None and results:
         try:
             figs = study.figures(sdir / "figures", cells, lambda c: cell_dir(out, study, c), results)
         except Exception as e:  # a figure must not lose the table
             log(f"  figures failed: {type(e).__name__}: {e}")
-    (sdir / "study.json").write_text(json.dumps({"study": name, "scale": options.scale, "command": command,
-                                                 "shrink": shrink, "cells": len(cells), "finished": len(results),
-                                                 "cell_wall_s": wall, "this_invocation_s": time.time() - t0,
-                                                 "machine": host, "earlier": earlier, "figures": figs}, indent=1))
+    write_text(sdir / "study.json", json.dumps({"study": name, "scale": options.scale, "command": command,
+                                                "shrink": shrink, "cells": len(cells), "finished": len(results),
+                                                "cell_wall_s": wall, "this_invocation_s": time.time() - t0,
+                                                "machine": host, "earlier": earlier, "figures": figs}, indent=1))
     log(f"wrote {csv_path}, {sdir / 'table.md'}" + (f", {len(figs)} figure(s) in {sdir / 'figures'}" if figs else ""))
     return {"dir": sdir, "csv": csv_path, "table": sdir / "table.md", "figures": figs, "results": results,
             "wall_s": wall}

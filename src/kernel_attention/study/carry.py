@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kernel_attention.atomic_write import write_text
 from kernel_attention.study.core import Cell, Study
 from kernel_attention.study.report import read_csv
 
@@ -71,6 +72,6 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
         rec.setdefault("error", None)
         rec["tags"] = cell.tags  # not in the CSV; the grid's cell has them (e.g. the p of a sweep cell)
         rec["imported_from"] = str(path)
-        (d / "result.json").write_text(json.dumps(rec, indent=1))
+        write_text(d / "result.json", json.dumps(rec, indent=1))
         counts["imported"] += 1
     return counts

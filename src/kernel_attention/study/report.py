@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kernel_attention.atomic_write import replacing
 from kernel_attention.data.protocols import mean_std, select_best
 from kernel_attention.study.core import Study, TableSpec
 
@@ -27,7 +28,7 @@ CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric
 
 def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
     path = Path(path)
-    with path.open("w", newline="") as f:
+    with replacing(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in results:

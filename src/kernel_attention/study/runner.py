@@ -53,6 +53,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kernel_attention.atomic_write import write_text
 from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
@@ -289,7 +290,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         rec = finished_twin(c, twins.get(c.id, []), dir_of, is_stale) or finished_elsewhere(c, elsewhere.get(c.key, []))
         if rec is not None:
             dir_of(c).mkdir(parents=True, exist_ok=True)
-            (dir_of(c) / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+            write_text(dir_of(c) / "result.json", json.dumps(rec, indent=1, default=str))
             log(f"[{study.name}] {c.id}: the configuration of {rec['same_config_as']}, its result carried over")
         return rec is not None
 
@@ -338,7 +339,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
             t0 = time.time()
             rec = run_cell(c, d, metric, checkpoint_minutes=checkpoint_minutes, command=command)
             rec["scale"] = options.scale
-            (d / "result.json").write_text(json.dumps(rec, indent=1, default=str))
+            write_text(d / "result.json", json.dumps(rec, indent=1, default=str))
         spent.append(time.time() - t0)
         done += 1
         eta = sum(spent) / len(spent) * (len(todo) - i - 1)

@@ -20,8 +20,8 @@ dict taken at the evaluation with the best selection metric so far)::
     }
 
 Every value is a tensor or plain Python, so the file loads with ``torch.load(weights_only=True)``.
-Writing goes to ``<name>.tmp`` in the same directory and is moved in place with :func:`os.replace`, so a
-kill during a save never leaves a truncated ``last.pt``.
+Writing goes to ``<name>.<pid>.tmp`` in the same directory and is moved in place with :func:`os.replace`
+(:mod:`kernel_attention.atomic_write`), so a kill during a save never leaves a truncated ``last.pt``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from kernel_attention.atomic_write import replacing
 
 __all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "get_rng_state", "set_rng_state"]
 
@@ -72,9 +74,8 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     """Write ``state`` (see the module docstring) to ``path`` atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"format": FORMAT, "version": 1, **state}, tmp)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        torch.save({"format": FORMAT, "version": 1, **state}, tmp)
     return path
 
 

@@ -13,10 +13,11 @@ drops it, so that neither a reader nor a resumed run fails on it.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
+
+from kernel_attention.atomic_write import write_text
 
 __all__ = ["RunLog", "read_metrics", "METRICS_FILE"]
 
@@ -57,9 +58,7 @@ class RunLog:
         if not (self.main and self.path.is_file()):
             return
         keep = [line for line, r in _lines(self.path) if r["step"] <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(line + "\n" for line in keep))
 
     def open(self) -> None:
         """Start the TensorBoard writer (when asked for and installed; otherwise metrics.jsonl alone)."""
