@@ -118,7 +118,7 @@ def test_records_name_their_command_and_older_ones_the_folders_earlier_invocatio
             execute("synthetic-smoke", opts, out, log=lambda m: None, figures=False, run=False)
         table = (sdir / "table.md").read_text()
         assert "Commands, each with the number of cells it finished:\n\n- `new-cmd` (1 cell)\n" \
-               "- 1 cell whose records name no command: old-cmd on a GPU\n" in table
+               "- 1 cell whose records name no command; the folder's earlier record says: old-cmd on a GPU\n" in table
         from kernel_attention.machine import numerics
         assert f"min on {numerics()} (1 cell); " in table and f"min on {gpu} (1 cell)." in table
         assert json.loads((sdir / "study.json").read_text())["earlier"] == {"command": "old-cmd on a GPU",

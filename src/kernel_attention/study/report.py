@@ -134,7 +134,8 @@ def _command_lines(results: list[dict], command: str, earlier_command: str = "")
     unnamed = sum(1 for r in results if not r.get("command"))
     if unnamed:
         lines.append(f"- {_cells(unnamed)} whose records name no command"
-                     + (f": {earlier_command}" if earlier_command else " (run before commands were recorded)"))
+                     + (f"; the folder's earlier record says: {earlier_command}" if earlier_command
+                        else " (run before commands were recorded)"))
     return lines + [""]
 
 
