@@ -6,9 +6,9 @@
 
 The new content goes to ``<name>.<pid>.tmp`` in the same directory and :func:`os.replace` moves it onto
 ``path`` (atomic within one file system; the process id keeps two processes that write the same file, such as
-the processes that share a study folder, off each other's temporary file).  So a process killed while it wrote (a lease that ends, a Ctrl-C) leaves
-the old file or the new one, never half of one: a checkpoint that does not load, or a study's
-``result.json`` that marks a cell finished but does not parse, would stop the next invocation.
+the processes that share a study folder, off each other's temporary file).  So a process killed while it wrote
+(a lease that ends, a Ctrl-C) leaves the old file or the new one, never half of one: a checkpoint that does not
+load, or a study's ``result.json`` that marks a cell finished but does not parse, would stop the next invocation.
 """
 
 from __future__ import annotations
