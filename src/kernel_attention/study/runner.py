@@ -192,15 +192,24 @@ def read_results(out: str | Path, study: Study, cells: list[Cell]) -> list[dict]
 
 def select_cells(cells: list[Cell], only: tuple[str, ...], study_name: str) -> list[Cell]:
     """The cells that ``only`` (``--only``) names: each item a table, row or column id, or ``a/b`` for the
-    cells that match both; all cells when ``only`` is empty.  Raises ValueError when it selects none."""
+    cells that match both; all cells when ``only`` is empty.  ``-`` and ``_`` are one character here, so
+    a row is named by its kernel's registry name too (``ikan-direct`` for row ``ikan_direct``).  Raises
+    ValueError, listing the ids there are, when it selects none."""
     if not only:
         return cells
 
+    def norm(s: str) -> str:
+        return s.replace("-", "_")
+
     def match(c: Cell, item: str) -> bool:
-        return all(part in (c.table, c.row, c.col) for part in item.split("/"))
+        ids = {norm(c.table), norm(c.row), norm(c.col)}
+        return all(norm(part) in ids for part in item.split("/"))
     chosen = [c for c in cells if any(match(c, item) for item in only)]
     if not chosen:
-        raise ValueError(f"--only {list(only)} selects no cell of study {study_name}")
+        def listed(attr: str) -> str:
+            return ", ".join(dict.fromkeys(getattr(c, attr) for c in cells))
+        raise ValueError(f"--only {list(only)} selects no cell of study {study_name}; its tables are "
+                         f"{listed('table')}, rows {listed('row')}, columns {listed('col')}")
     return chosen
 
 

@@ -1,0 +1,37 @@
+"""``--only``: which cells of a grid a selector names, and what it says when it names none."""
+
+import pytest
+
+from kernel_attention.study import StudyOptions, get_study, study_names
+from kernel_attention.study.runner import select_cells
+
+
+def _cells(name: str, scale: str = "paper"):
+    return get_study(name).build(StudyOptions(scale=scale, seeds=1))[0]
+
+
+def test_a_row_is_named_by_its_kernels_registry_name_or_its_id():
+    cells = _cells("ika-classification")
+    by_id = select_cells(cells, ("t2/ikan_direct/sst2",), "ika-classification")
+    by_name = select_cells(cells, ("t2/ikan-direct/sst2",), "ika-classification")
+    assert [c.id for c in by_id] == [c.id for c in by_name] == ["t2__ikan_direct__sst2__s0"]
+    rows = {c.row for c in select_cells(cells, ("rbf-only", "mikan/cr"), "ika-classification")}
+    assert rows == {"rbf_only", "mikan"}
+    assert len(select_cells(cells, ("rbf-only",), "ika-classification")) == 5  # its five datasets
+
+
+def test_a_selector_that_names_no_cell_lists_the_ids_there_are():
+    cells = _cells("ika-classification")
+    with pytest.raises(ValueError) as e:
+        select_cells(cells, ("t2/ikan-direkt",), "ika-classification")
+    said = str(e.value)
+    assert "selects no cell of study ika-classification" in said
+    assert "tables are t2, rows transformer, rbf_only," in said and "columns mr, cr, sst2, subj, trec" in said
+
+
+@pytest.mark.parametrize("name", [n for n in study_names() if n != "synthetic-smoke"])
+def test_no_two_ids_of_a_study_differ_only_in_hyphens_and_underscores(name):
+    # The selector reads "-" as "_"; that stays exact only while no study has two such ids.
+    for scale in ("small", "paper"):
+        ids = {x for c in _cells(name, scale) for x in (c.table, c.row, c.col)}
+        assert len({i.replace("-", "_") for i in ids}) == len(ids)
