@@ -57,3 +57,10 @@ def test_vocabulary_lists_every_name():
     for reg in REGISTRIES.values():
         for name in reg.names():
             assert name in text
+
+
+def test_the_package_exports_every_public_name_it_imports():
+    # ``from kernel_attention import *`` gives what ``ka.NAME`` gives (explain, choose_backend included).
+    import types
+    public = {n for n, v in vars(ka).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert public == set(ka.__all__) - {"__version__"}

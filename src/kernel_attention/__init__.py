@@ -21,4 +21,5 @@ __version__ = "0.1.0"
 
 __all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
            "Filter", "PositionalTerms", "DifferenceIndex", "make_kernel", "make_filter", "make_position", "Registry",
-           "SpecError", "validation", "decompose", "regularization", "share_spectral", "__version__"]
+           "SpecError", "validation", "explain", "choose_backend", "decompose", "regularization", "share_spectral",
+           "__version__"]

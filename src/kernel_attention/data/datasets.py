@@ -247,7 +247,7 @@ def check_dataset(name: str, root: str | Path, verify: bool = True, load: bool =
 def dataset_names() -> list[str]:
     """Registered names without aliases, in registry order."""
     seen, out = set(), []
-    for n, s in SPECS.items():
+    for s in SPECS.values():
         if s.name not in seen:
             seen.add(s.name)
             out.append(s.name)
