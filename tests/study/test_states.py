@@ -1,11 +1,12 @@
 """``kernel-attention study NAME --list``: where each cell of a grid stands, read without running anything."""
 
 import json
+import re
 
 from kernel_attention.cli import main
 from kernel_attention.study import StudyOptions, execute, get_study
 from kernel_attention.study.runner import cell_dir, cell_lock
-from kernel_attention.study.states import cell_states, format_states
+from kernel_attention.study.states import _how_far, cell_states, format_states
 
 
 def test_each_state_of_a_cell_is_told_apart(tmp_path, monkeypatch, capsys):
@@ -26,8 +27,14 @@ def test_each_state_of_a_cell_is_told_apart(tmp_path, monkeypatch, capsys):
         states = {s.cell.id: s for s in cell_states(study, opts, out)}
     assert [states[c.id].state for c in (exp1, exp2, rbf1, rbf2)] == ["finished", "started", "stale", "running"]
     assert states[exp1.id].detail.startswith("ok, test ")
-    assert states[exp2.id].detail.startswith("logged to step 3 (")  # the kill came after step 3
-    assert states[exp2.id].detail.endswith("; resumes from last.pt")
+    # the kill came after step 3 of the 6 planned (the smoke study's max_steps)
+    assert re.fullmatch(r"logged to step 3 of 6 \(\d+ s; about \d+m\d\ds left\); resumes from last\.pt",
+                        states[exp2.id].detail)
+    assert states[rbf2.id].detail == "nothing logged yet"
+    with cell_lock(cell_dir(out, study, exp2)) as held:  # as if a process were training it now
+        assert held
+        running = {s.cell.id: s for s in cell_states(study, opts, out)}[exp2.id]
+    assert running.state == "running" and running.detail.startswith("logged to step 3 of 6 (")
     assert rbf1.key in states[rbf1.id].detail and "0" * 16 in states[rbf1.id].detail
     after = {s.cell.id: s for s in cell_states(study, opts, out)}
     assert after[rbf2.id].state == "to run"  # the lock went with its holder
@@ -41,3 +48,12 @@ def test_each_state_of_a_cell_is_told_apart(tmp_path, monkeypatch, capsys):
     assert printed[-1] == "2 cells: 1 stale, 1 to run" and len(printed) == 3
     assert main(["study", study.name, "--out", str(out), "--list", "--only", "nothing"]) == 2
     assert "selects no cell" in capsys.readouterr().err
+
+
+def test_time_left_is_the_pace_so_far_over_the_planned_steps_and_older_logs_say_only_the_step():
+    rows = [{"step": 50, "split": "train", "wall_s": 20.0, "planned_steps": 400},
+            {"step": 100, "split": "valid", "wall_s": 50.0}]  # validation records name no plan
+    assert _how_far(rows) == "logged to step 100 of 400 (50 s; about 2m30s left)"
+    assert _how_far([{"step": 100, "split": "train", "wall_s": 7200.0, "planned_steps": 160}]) == \
+        "logged to step 100 of 160 (7200 s; about 1h12m left)"
+    assert _how_far([{"step": 100, "split": "train", "wall_s": 50.0}]) == "logged to step 100 (50 s)"

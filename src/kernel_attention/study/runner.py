@@ -61,7 +61,7 @@ from kernel_attention.study.twins import finished_elsewhere, finished_twin, othe
 from kernel_attention.training.run_log import read_metrics
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
-           "running_elsewhere"]
+           "running_elsewhere", "format_duration"]
 
 
 def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
@@ -248,7 +248,8 @@ def _finished(path: Path, retry_errors: bool) -> bool:
     return path.is_file() and not (retry_errors and json.loads(path.read_text()).get("status") == "error")
 
 
-def _fmt_s(s: float) -> str:
+def format_duration(s: float) -> str:
+    """Seconds as ``1h05m`` (an hour or more) or ``4m07s``."""
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
@@ -353,6 +354,6 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         done += 1
         eta = sum(spent) / len(spent) * (len(todo) - i - 1)
         log(f"[{study.name}] {done}/{n} cells done | {c.id}: {rec['status']} valid={rec['valid']} "
-            f"test={rec['test']} ({_fmt_s(spent[-1])}) | elapsed {_fmt_s(time.time() - start)}, "
-            f"about {_fmt_s(eta)} left")
+            f"test={rec['test']} ({format_duration(spent[-1])}) | elapsed {format_duration(time.time() - start)}, "
+            f"about {format_duration(eta)} left")
     return cells, read_results(out, study, cells), shrink

@@ -9,8 +9,9 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
   test score, and the twin it was carried from (``same_config_as``, :mod:`.twins`) if any;
 - ``stale``: finished with another configuration (:mod:`.runner`): left out of the table, ``--rerun-stale``
   runs it;
-- ``running``: another process holds the cell's lock;
-- ``started``: a run began and did not finish; ``detail`` gives its last logged step and training time (a
+- ``running``: another process holds the cell's lock; ``detail`` gives its last logged step of the planned
+  steps, its training time and, at its pace so far (validation included), about how long it has left;
+- ``started``: a run began and did not finish; ``detail`` gives the same for its last logged step (a
   resume goes back to the step of ``last.pt``, at most ``train.checkpoint_minutes`` earlier), and whether a
   ``last.pt`` is there to resume from (without one the next run starts over);
 - ``to run``: nothing yet (a cell whose twin has finished is carried over when a run or ``--collect-only``
@@ -24,7 +25,7 @@ import json
 from pathlib import Path
 
 from kernel_attention.study.core import Cell, Study, StudyOptions
-from kernel_attention.study.runner import cell_dir, is_stale, running_elsewhere, select_cells
+from kernel_attention.study.runner import cell_dir, format_duration, is_stale, running_elsewhere, select_cells
 from kernel_attention.training.run_log import read_metrics
 
 __all__ = ["CellState", "cell_states", "format_states"]
@@ -52,15 +53,25 @@ def _state(c: Cell, d: Path) -> CellState:
         elif rec.get("error"):
             detail += f": {str(rec['error'])[:80]}"
         return CellState(c, "finished", detail)
-    if running_elsewhere(d):
-        return CellState(c, "running")
     rows = read_metrics(d)
+    if running_elsewhere(d):
+        return CellState(c, "running", _how_far(rows) if rows else "nothing logged yet")
     if rows or (d / "last.pt").is_file():
-        last = rows[-1] if rows else {}
-        where = f"logged to step {last.get('step')} ({last.get('wall_s', 0):.0f} s)" if rows else "no log"
+        where = _how_far(rows) if rows else "no log"
         resume = "resumes from last.pt" if (d / "last.pt").is_file() else "no last.pt: starts over"
         return CellState(c, "started", f"{where}; {resume}")
     return CellState(c, "to run")
+
+
+def _how_far(rows: list[dict]) -> str:
+    """``logged to step S of N (T s; about L left)`` from a run's metrics records: N from the last train
+    record that names ``planned_steps`` (older logs do not: then no N and no L), L at the pace T / S."""
+    step, wall = rows[-1].get("step"), rows[-1].get("wall_s", 0)
+    planned = next((r["planned_steps"] for r in reversed(rows) if r.get("planned_steps")), None)
+    if not planned or not step:
+        return f"logged to step {step} ({wall:.0f} s)"
+    left = wall / step * max(planned - step, 0)
+    return f"logged to step {step} of {planned} ({wall:.0f} s; about {format_duration(left)} left)"
 
 
 def cell_states(study: Study, options: StudyOptions, out: str | Path) -> list[CellState]:

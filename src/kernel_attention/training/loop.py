@@ -24,8 +24,9 @@ updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and 
 ``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
-"valid" | "test", <metrics>, "wall_s"}``; final records have ``"final": true``, the best checkpoint's test
-record ``"checkpoint": "best"``; written by :mod:`.run_log`), ``last.pt``, ``best.pt`` (see
+"valid" | "test", <metrics>, "wall_s"}``; train records also carry ``planned_steps`` where the run's length
+is known, so that a reader can tell how far it is; final records have ``"final": true``, the best
+checkpoint's test record ``"checkpoint": "best"``; written by :mod:`.run_log`), ``last.pt``, ``best.pt`` (see
 :mod:`.checkpoint`), and TensorBoard event files when ``tensorboard=True`` and it is installed.  ``wall_s`` is
 the seconds the run has trained, counted on across resumes: a checkpoint keeps the time up to it
 (``elapsed_s``) and a resumed run adds on from there.
@@ -313,8 +314,9 @@ class Trainer:
                         rate = {"steps_per_s": round(steps_since / dt, 3)}
                         if tokens_since:
                             rate["tokens_per_s"] = round(tokens_since * self.info.world_size / dt, 1)
+                        planned = {"planned_steps": self.planned_steps} if self.planned_steps else {}
                         self.log({"split": "train", **vals, **({"tokens": tokens_since} if tokens_since else {}),
-                                  **rate})
+                                  **rate, **planned})
                         post = {"loss": f"{vals['loss']:.4g}", "lr": f"{vals['lr']:.3g}"}
                         post.update({k.replace("_per_s", "/s"): v for k, v in rate.items()})
                         bar.set_postfix(post, refresh=False)
