@@ -10,6 +10,7 @@ from kernel_attention.attention import KernelAttention
 from kernel_attention.difference_index import DifferenceIndex
 from kernel_attention.filters import FILTERS, Filter, make_filter
 from kernel_attention.functional import attention, choose_backend, explain, validation
+from kernel_attention.graph import GraphAttention
 from kernel_attention.kernels import KERNELS, Kernel, make_kernel
 from kernel_attention.implicit import decompose, regularization, share_spectral  # registers the IKA kernels
 from kernel_attention.models.block import TransformerBlock
@@ -22,4 +23,4 @@ __version__ = "0.1.0"
 __all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
            "Filter", "PositionalTerms", "DifferenceIndex", "make_kernel", "make_filter", "make_position", "Registry",
            "SpecError", "validation", "explain", "choose_backend", "decompose", "regularization", "share_spectral",
-           "__version__"]
+           "GraphAttention", "__version__"]
