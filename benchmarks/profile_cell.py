@@ -2,7 +2,7 @@
 kernel / position / filter on one backend, beside SDPA on the same shapes, printed as the top operators
 by self device time (CUDA) or self CPU time.
 
-    python benchmarks/profile_cell.py --device cuda --T 4096 --kernel exp --backend fused
+    python benchmarks/profile_cell.py --device cuda --T 4096 --kernel exp --backend auto
 """
 
 import argparse

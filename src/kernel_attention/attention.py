@@ -55,8 +55,8 @@ class KernelAttention(nn.Module):
         dropout: dropout on the attention weights.
         bias: biases in the four projections (fairseq: True; Transformer-XL: False).
         kdim: width of the key/value input when it differs from d_model (encoder-decoder).
-        backend: ``"auto"`` or a backend name (``"dense"``, ``"fused"``, ``"linear"``); see
-            :func:`kernel_attention.explain`.
+        backend: ``"auto"`` or a backend name (``"sdpa"``, ``"flex"``, ``"banded"``, ``"squared"``,
+            ``"blockwise"``, ``"linear"``, ``"dense"``); see :func:`kernel_attention.explain`.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_head: int | None = None, kernel="exp",
@@ -103,14 +103,15 @@ class KernelAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
 
-    def project(self, query: Tensor, key: Tensor, pos_q: Tensor, pos_k: Tensor):
-        """Per-head q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, d) and the positional terms."""
+    def project(self, query: Tensor, key: Tensor, pos_q: Tensor, pos_k: Tensor, offset: int | None = None):
+        """Per-head q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, d) and the positional terms (``offset``:
+        the positions are the defaults, :meth:`PositionScheme.terms`)."""
         fq = self.position.inputs(query, pos_q)
         fk = self.position.inputs(key, pos_k)
         q, k = self._heads(self.q_proj(fq)), self._heads(self.k_proj(fk))
         fv = key + self.value_encoding(pos_k, key.dtype) if self.value_position == "absolute" else key
         v = self._heads(self.v_proj(fv))
-        return q, k, v, self.position.terms(q, k, pos_q, pos_k)
+        return q, k, v, self.position.terms(q, k, pos_q, pos_k, offset)
 
     def forward(self, query: Tensor, key: Tensor | None = None, *, pos_q: Tensor | None = None,
                 pos_k: Tensor | None = None, memory: Tensor | None = None, mask=None,
@@ -138,6 +139,8 @@ class KernelAttention(nn.Module):
         if query.dim() != 3 or key.dim() != 3:
             raise ValueError(f"query and key must be (B, T, d_model), got {tuple(query.shape)} and {tuple(key.shape)}")
         tq, tk = query.shape[1], key.shape[1]
+        # default positions are known without reading them: t_k = j, t_q = offset + i
+        offset = (tk - tq if self_attention else 0) if pos_q is None and pos_k is None and self.axes == 1 else None
         if pos_q is None or pos_k is None:
             dq, dk = default_positions(tq, tk, query.device, self_attention)
             if self.axes != 1 and (pos_q is None or pos_k is None):
@@ -149,7 +152,7 @@ class KernelAttention(nn.Module):
         if pos_q.shape[1] != tq or pos_k.shape[1] != tk:
             raise ValueError(f"positions do not match the sequences: pos_q has {pos_q.shape[1]} for Tq={tq}, "
                              f"pos_k has {pos_k.shape[1]} for Tk={tk}")
-        q, k, v, terms = self.project(query, key, pos_q, pos_k)
+        q, k, v, terms = self.project(query, key, pos_q, pos_k, offset)
         float_mask = isinstance(mask, Tensor) and mask.is_floating_point()
         filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
         bias = mask if float_mask else None

@@ -29,6 +29,8 @@ class DifferenceIndex:
     a: Tensor
     c: Tensor
     clip: int | None = None
+    #: o when a[b, i] - c[b, j] = o + i - j is known without reading the vectors (default positions)
+    known_offset: int | None = None
 
     def __post_init__(self):
         if self.a.dim() != 2 or self.c.dim() != 2 or (
@@ -65,7 +67,10 @@ class DifferenceIndex:
 
     def offset(self) -> int | None:
         """o when a[b, i] - c[b, j] = o + i - j for every pair (one sequence of unit-step positions for the
-        queries and one for the keys, the same in every batch row), else None: O(Tq + Tk)."""
+        queries and one for the keys, the same in every batch row), else None: O(Tq + Tk), or free when the
+        index was built with ``known_offset``."""
+        if self.known_offset is not None:
+            return self.known_offset
 
         if self.a.numel() == 0 or self.c.numel() == 0:
             return None

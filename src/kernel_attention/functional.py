@@ -21,9 +21,9 @@ from kernel_attention.kernels import Kernel, make_kernel
 from kernel_attention.smoother import PositionalTerms
 
 __all__ = ["attention", "explain", "choose_backend", "build_problem", "resolve_mask", "validation",
-           "check_inputs"]
+           "check_inputs", "check_finite"]
 
-_VALIDATE = True
+_VALIDATE: bool | str = "auto"
 
 #: What a string spec alone determines, kept between calls (the functional API is called per layer and
 #: step with the same specs, and building these cost more than a small attention call): filters,
@@ -55,7 +55,7 @@ def _stateless(kern: Kernel) -> bool:
 
 def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None) -> Tensor:
     """``filt.mask``, kept per (filter, Tq, Tk, device) when it is a function of those alone."""
-    if key_mask is not None or not filt.by_spec or tq * tk > _MASK_ELEMENTS:
+    if key_mask is not None or not filt.by_spec or tq * tk > _MASK_ELEMENTS or torch.compiler.is_compiling():
         return filt.mask(tq, tk, device, key_mask)
     key = (repr(filt), tq, tk, str(device))
     keep = _MASKS.get(key)
@@ -72,15 +72,44 @@ def _broadcasts(shape, target) -> bool:
 
 
 @contextlib.contextmanager
-def validation(enabled: bool):
-    """Turn the input checks (shapes, NaN/inf) on or off inside a block; they are on by default.
-    The finiteness check reads every input once, which costs a device sync on GPU."""
+def validation(enabled: bool | str):
+    """Set the finiteness check (NaN / inf in q, k, v and float masks) inside a block.
+
+    ``"auto"`` (the default outside any block): checked where it costs no wait for a device, that is
+    on CPU tensors in eager mode; skipped on accelerators and while ``torch.compile`` traces (a check
+    there reads a value back to the host, which stalls every layer).  ``True``: always checked (on an
+    accelerator each call then waits for the device; under ``torch.compile`` the check runs as
+    ``torch._assert_async``, with a generic message).  ``False``: never.  Shape, dtype and name
+    checks always run: they read no tensor values."""
     global _VALIDATE
+    if enabled not in (True, False, "auto"):
+        raise ValueError(f"validation takes True, False or 'auto', got {enabled!r}")
     old, _VALIDATE = _VALIDATE, enabled
     try:
         yield
     finally:
         _VALIDATE = old
+
+
+def check_finite(tensors: dict) -> None:
+    """Raise ``ValueError`` naming the first of ``tensors`` ({name: tensor}) that holds NaN or inf, as
+    :func:`validation` says: one reduction per tensor and one read of their total in eager mode."""
+    if _VALIDATE is False or not tensors:
+        return
+    compiling = torch.compiler.is_compiling()
+    if _VALIDATE == "auto" and (compiling or any(x.device.type != "cpu" for x in tensors.values())):
+        return
+    with torch.no_grad():
+        # a NaN or inf makes the total non-finite (inf - inf is NaN); a non-finite total is re-checked
+        # elementwise to name the input (a finite sum that overflows is not an error)
+        total = sum(x.sum(dtype=torch.float32) for x in tensors.values())
+    if compiling:
+        torch._assert_async(torch.isfinite(total), "attention inputs contain NaN or inf values")
+        return
+    if not math.isfinite(float(total)):
+        for name, x in tensors.items():
+            if not torch.isfinite(x).all():
+                raise ValueError(f"{name} contains NaN or inf values")
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
@@ -101,15 +130,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if finite:
-        # One reduction per input and one read of their total (a single device sync on GPU): a NaN or
-        # inf makes the total non-finite (inf - inf is NaN); a non-finite total is re-checked
-        # elementwise to name the input (a finite sum that overflows is not an error).
-        with torch.no_grad():
-            total = q.sum(dtype=torch.float32) + k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)
-        if not math.isfinite(float(total)):
-            for name, x in (("q", q), ("k", k), ("v", v)):
-                if not torch.isfinite(x).all():
-                    raise ValueError(f"{name} contains NaN or inf values")
+        check_finite({"q": q, "k": k, "v": v})
 
 
 def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
@@ -173,11 +194,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
             passes); ``bias`` is added to it.
         dropout_p: dropout on the normalised weights.
         need_weights: also return the (B, H, Tq, Tk) weights.
-        backend: ``"auto"`` (default) picks the fastest backend that runs the call; ``"dense"`` (the
-            reference that materialises the kernel matrix), ``"fused"`` (PyTorch's fused attention,
-            positive kernels) or ``"linear"`` (finite feature maps) force one and raise
+        backend: ``"auto"`` (default) walks the named backends in order (``sdpa``, ``flex``, ``banded``,
+            ``squared``, ``blockwise``, ``linear``, ``dense``) and takes the first that runs the call; a
+            name (or a spec such as ``"blockwise:block=4096"``) forces one and raises
             :class:`~kernel_attention.backends.BackendError` if it cannot run the call.  See
-            :func:`explain` for why a backend was or was not chosen.
+            :func:`explain` for why each backend was or was not chosen.
 
     Returns:
         (B, H, Tq, Dv), or ``(output, weights)`` when ``need_weights``.  A query whose filtered set is
@@ -198,7 +219,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     :class:`~kernel_attention.backends.Problem` (the arguments are those of :func:`attention`)."""
     from kernel_attention.backends import Problem
 
-    check_inputs(q, k, v, finite=_VALIDATE)
+    check_inputs(q, k, v)
     kern = _from_spec("kernel", kernel, make_kernel, _stateless)
     keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal)
     extra = [x for x in (float_mask, bias) if x is not None]
@@ -226,9 +247,10 @@ def explain(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=
 
         >>> print(explain(q, k, v, kernel="poly", mask="local:window=8"))
         backend: dense
-          dense: chosen as the fall-back: ...
-          fused: not chosen: kernel 'poly' is direct ...
-          linear: not chosen: filter local(window=8) is neither full, causal nor padding ...
+          sdpa: kernel 'poly' has no SDPA features (Kernel.sdpa_form)
+          ...
+          linear: filter local(window=8) is neither full, causal nor padding ...
+          dense: chosen: materialises the (Tq, Tk) kernel matrix
     """
     from kernel_attention.backends import choose
 

@@ -54,10 +54,14 @@ def _integral(x: Tensor) -> bool:
     return not x.is_floating_point() or bool((x == x.round()).all())
 
 
-def _pair_index(pq: Tensor, pk: Tensor, shift: int = 0, clip: int | None = None) -> DifferenceIndex | Tensor:
+def _pair_index(pq: Tensor, pk: Tensor, shift: int = 0, clip: int | None = None,
+                offset: int | None = None) -> DifferenceIndex | Tensor:
     """Row of a table for each (query, key) pair of one axis, pq (Bp, Tq) and pk (Bp, Tk): t_q - t_k - shift, or
     clip(t_q - t_k, -clip, clip) + clip.  Integer positions give a :class:`DifferenceIndex` (O(Tq + Tk), no
-    (Tq, Tk) tensor); others the materialised (Bp, Tq, Tk) index, the distances truncated to integers."""
+    (Tq, Tk) tensor); others the materialised (Bp, Tq, Tk) index, the distances truncated to integers.
+    ``offset``: the positions are the defaults, t_q = offset + i and t_k = j (:meth:`PositionScheme.terms`)."""
+    if offset is not None:
+        return DifferenceIndex(pq.long() - shift, pk.long(), clip, known_offset=offset - shift)
     if _integral(pq) and _integral(pk):
         return DifferenceIndex(pq.long() - shift, pk.long(), clip)
     d = pq[:, :, None] - pk[:, None, :]
@@ -89,8 +93,13 @@ class PositionScheme(nn.Module):
         """Features entering the projections: (B, T, d_model) -> (B, T, d_model)."""
         return f
 
-    def terms(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor) -> PositionalTerms | None:
-        """log k_T for per-head q (B, H, Tq, d), k (B, H, Tk, d); positions (Bp, T, A) integer."""
+    def terms(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor,
+              offset: int | None = None) -> PositionalTerms | None:
+        """log k_T for per-head q (B, H, Tq, d), k (B, H, Tk, d); positions (Bp, T, A) integer.
+
+        ``offset``: when not None, the positions are the defaults of one axis, t_k = j and t_q = offset + i
+        (:func:`default_positions`), which the scheme then need not read: no value goes back to the host,
+        so ``torch.compile`` traces it without a guard on the data."""
         return None
 
 
@@ -144,13 +153,14 @@ class ShawPosition(PositionScheme):
             self.value_tables = nn.ParameterList(nn.Parameter(torch.randn(2 * clip + 1, d_head) * d_head ** -0.5)
                                                  for _ in range(axes))
 
-    def index(self, pos_q: Tensor, pos_k: Tensor) -> list[DifferenceIndex | Tensor]:
+    def index(self, pos_q: Tensor, pos_k: Tensor, offset: int | None = None) -> list[DifferenceIndex | Tensor]:
         """Row of the table for each (query, key) pair, per axis: (Bp, Tq, Tk) in [0, 2·clip], a
         :class:`DifferenceIndex` for integer positions (no (Tq, Tk) tensor)."""
-        return [_pair_index(pos_q[..., a], pos_k[..., a], clip=self.clip) for a in range(pos_q.shape[-1])]
+        return [_pair_index(pos_q[..., a], pos_k[..., a], clip=self.clip, offset=offset)
+                for a in range(pos_q.shape[-1])]
 
-    def terms(self, q, k, pos_q, pos_k):
-        idx = self.index(pos_q, pos_k)
+    def terms(self, q, k, pos_q, pos_k, offset=None):
+        idx = self.index(pos_q, pos_k, offset)
         scale = 1.0 / math.sqrt(q.shape[-1])
         rel = [(torch.matmul(q, table.to(q.dtype).t()) * scale, idx[a])
                for a, table in enumerate(self.key_tables)]
@@ -192,7 +202,7 @@ class XLPosition(PositionScheme):
             raise ValueError(f"xl biases must have shape ({self.n_heads}, {self.d_head})")
         self.u, self.v = u, v
 
-    def terms(self, q, k, pos_q, pos_k):
+    def terms(self, q, k, pos_q, pos_k, offset=None):
         d = q.shape[-1]
         scale = 1.0 / math.sqrt(d)
         # u·k as a product and a sum, not an einsum: the einsum's backward is an outer product through bmm and a
@@ -201,11 +211,14 @@ class XLPosition(PositionScheme):
         qv = torch.add((self.v.to(q.dtype) * scale)[None, :, None, :], q, alpha=scale)  # (q + v)·scale, one pass
         rel = []
         for a, r_net in enumerate(self.r_net):
-            lo, hi = _distance_range(pos_q[..., a], pos_k[..., a])
+            if offset is not None:  # t_q - t_k = offset + i - j
+                lo, hi = offset - (pos_k.shape[1] - 1), offset + pos_q.shape[1] - 1
+            else:
+                lo, hi = _distance_range(pos_q[..., a], pos_k[..., a])
             r = r_net(sinusoid_range(lo, hi, self.d_model, q.dtype, q.device, self.clamp_len))  # (R, H·d)
             r = r.view(-1, self.n_heads, d).transpose(0, 1)  # (H, R, d)
             # (Tq, R) logits are formed by whoever consumes the terms, a block of rows at a time.
-            rel.append((qv, r, _pair_index(pos_q[..., a], pos_k[..., a], shift=lo)))
+            rel.append((qv, r, _pair_index(pos_q[..., a], pos_k[..., a], shift=lo, offset=offset)))
         return PositionalTerms(key_bias=key_bias, relative_factors=rel)
 
 
@@ -239,10 +252,14 @@ class ProductPosition(PositionScheme):
             parts.append(t.view(t.shape[0], t.shape[1], self.n_heads, self.d_head).transpose(1, 2))
         return torch.cat(parts, dim=-1)
 
-    def terms(self, q, k, pos_q, pos_k):
+    def terms(self, q, k, pos_q, pos_k, offset=None):
         scale = 1.0 / math.sqrt(q.shape[-1])
         k_feat = self.project(pos_k, q.dtype)
-        tail = _tail_rows(pos_q, pos_k)
+        if offset is not None:  # default positions: the queries are the keys' tail in self-attention
+            tq, tk = pos_q.shape[1], pos_k.shape[1]
+            tail = offset if offset == tk - tq and pos_q.shape[0] == pos_k.shape[0] else None
+        else:
+            tail = _tail_rows(pos_q, pos_k)
         q_feat = k_feat[..., tail:, :] if tail is not None else self.project(pos_q, q.dtype)
         return PositionalTerms(q_feat=q_feat * scale, k_feat=k_feat)
 

@@ -1,12 +1,16 @@
-"""Attention backends: ``dense`` (reference), ``fused`` (soft-max of log k on PyTorch's fused attention)
-and ``linear`` (finite feature maps), chosen by :func:`choose` (``backend="auto"``) or by name.
+"""Attention backends, each a named way to run the kernel smoother, tried by ``backend="auto"`` in the
+order of :data:`ORDER`: ``sdpa``, ``flex``, ``banded``, ``squared``, ``blockwise``, ``linear``, ``dense``.
 
-    from kernel_attention.backends import BACKENDS
-    kernel_attention.explain(q, k, v, kernel="rbf", mask="causal")   # which backend, and why
+    from kernel_attention.backends import BACKENDS, ORDER
+    print(kernel_attention.explain(q, k, v, kernel="rbf", mask="causal"))   # each backend, and why
 """
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
-from kernel_attention.backends import dense, fused, linear  # noqa: F401  (register the backends)
-from kernel_attention.backends.dispatch import AUTO, BackendError, Choice, choose, linear_crossover
+from kernel_attention.backends import (sdpa, flex, banded, squared, blockwise, linear,  # noqa: F401  (register
+                                       dense)                                            # the backends)
+from kernel_attention.backends.dispatch import AUTO, ORDER, BackendError, Choice, choose
+from kernel_attention.backends.linear import linear_crossover
+from kernel_attention.backends.policy import POLICIES, DevicePolicy, policy
 
-__all__ = ["BACKENDS", "Backend", "Problem", "AUTO", "BackendError", "Choice", "choose", "linear_crossover"]
+__all__ = ["BACKENDS", "Backend", "Problem", "AUTO", "ORDER", "BackendError", "Choice", "choose", "linear_crossover",
+           "POLICIES", "DevicePolicy", "policy"]

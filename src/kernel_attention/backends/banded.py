@@ -32,19 +32,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import Problem, pad_last
+from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
+from kernel_attention.backends.policy import policy
 from kernel_attention.difference_index import DifferenceIndex
 
-__all__ = ["shaw_clip", "banded_clip", "shaw_banded"]
+__all__ = ["BandedBackend", "shaw_clip", "banded_clip", "shaw_banded"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-#: Query rows per block: the near window is rows x (rows + 2c - 2) under the full filter, where the
-#: far ranges of a block run as rectangles (larger blocks, fewer calls), and rows x (rows + c - 1)
-#: under the causal one, where only the band is explicit (smaller blocks, less of it).
-BLOCK_ROWS = {"full": 256, "causal": 64}
-
 
 def shaw_clip(index: Tensor | DifferenceIndex, tq: int, tk: int) -> int | None:
     """c when ``index`` (B|1, Tq, Tk) is exactly clip(i - j, -c, c) + c (Shaw's table on the default
@@ -61,32 +56,72 @@ def shaw_clip(index: Tensor | DifferenceIndex, tq: int, tk: int) -> int | None:
     return c if bool((index == expected).all()) else None
 
 
-def banded_clip(p: Problem, key_bias: str = "features") -> int | None:
-    """c when this path runs ``p``: Shaw's table alone on the default self-attention positions, a
-    kernel with SDPA features and no key bias (``key_bias``: the ``fused`` backend's form of it), a
-    full or causal filter, no dropout, on the CPU, and a sequence long enough (T > 4c) for the far
-    ranges to carry the work."""
+def banded_why_not(p: Problem) -> str | None:
+    """None when :func:`shaw_banded` runs ``p``: Shaw's table alone on the default self-attention positions,
+    a kernel with SDPA features and no key bias, a full or causal filter, no dropout, on the CPU, and a
+    sequence long enough (T > 4c) for the far ranges to carry the work; else why not."""
     t = p.terms
-    if p.q.device.type != "cpu" or p.dropout_p > 0 or t is None:
-        return None
-    if (len(t.relative) != 1 or t.relative_factors or t.value or t.bias is not None
+    if p.need_weights:
+        return "need_weights=True: only dense forms the (Tq, Tk) weights"
+    if p.q.device.type != "cpu":
+        return "the flash kernel it calls per key range is the CPU's"
+    if p.dropout_p > 0:
+        return "dropout acts on the weights, which are merged across key ranges"
+    if (t is None or len(t.relative) != 1 or t.relative_factors or t.value or t.bias is not None
             or t.key_bias is not None or t.q_feat is not None):
-        return None
+        return "it runs Shaw's table (position='shaw') alone, without a value table or other terms"
     if not (p.keep is None or p.causal):
-        return None
-    if p.kernel.sdpa_layout(key_bias) != "features":
-        return None
+        return f"filter {p.filter!r} is neither full nor causal"
+    if p.kernel.sdpa_layout() != "features":
+        return f"kernel {p.kernel.name!r} has no SDPA features without a key bias"
     b, h, tq, tk = p.shape
     logits, index = t.relative[0]
     c = shaw_clip(index, tq, tk)
-    return c if c is not None and logits.shape[-1] == 2 * c + 1 and tq > 4 * c else None
+    if c is None or logits.shape[-1] != 2 * c + 1:
+        return "the table's index is not clip(i - j) + c on the default self-attention positions"
+    if tq <= 4 * c:
+        return f"T={tq} is not above 4 x clip={4 * c}, so the far key ranges would carry little of the work"
+    return None
 
 
-def _blocks(t: int, c: int, causal: bool):
+def banded_clip(p: Problem) -> int | None:
+    """Shaw's clip c when :func:`shaw_banded` runs ``p`` (:func:`banded_why_not`), else None."""
+    if banded_why_not(p) is not None:
+        return None
+    return shaw_clip(p.terms.relative[0][1], *p.shape[2:])
+
+
+@BACKENDS.register("banded")
+class BandedBackend(Backend):
+    """Shaw's clipped table (Eq. 6): keys farther than the clip share one bias per row and run on the
+    fused CPU kernel without a mask; the keys within the clip are formed explicitly (module docstring)."""
+
+    name = "banded"
+    traceable = False  # a tensor index is compared with clip(i - j) + c entry by entry
+
+    def supports(self, p: Problem) -> str | None:
+        return banded_why_not(p)
+
+    def describe(self, p: Problem) -> str:
+        c = banded_clip(p)
+        far = ("one causal SDPA call on the shifted sequences" if p.causal else
+               "two SDPA calls per block of rows (the keys before and after its window)")
+        return (f"shaw clipped at {c}: keys farther than {c} (one bias per row) as {far}, the keys within "
+                f"{c - 1} formed explicitly, merged by log-sum-exp")
+
+    def run(self, p: Problem):
+        qf, kf, scale, _ = sdpa_features(p)
+        pol = policy(p.q.device)
+        rows = pol.banded_rows_causal if p.causal else pol.banded_rows_full
+        return shaw_banded(qf, kf, p.v, p.terms.relative[0][0].to(qf.dtype), banded_clip(p), p.causal, scale,
+                           rows), None
+
+
+def _blocks(t: int, c: int, causal: bool, rows: int):
     """Per block of query rows: (rows, near keys, table index clip(i - j) + c of the near pairs, the
     mask of the near pairs or None, past keys or None, future keys or None).  Causal: the near pairs
     are the band 0 <= i - j < c and the far past is not per block (one shifted causal call)."""
-    step = max(BLOCK_ROWS["causal" if causal else "full"], 2 * c)
+    step = max(rows, 2 * c)
     for r0 in range(0, t, step):
         r1 = min(t, r0 + step)
         lo, hi = max(0, r0 - c + 1), (r1 if causal else min(t, r1 + c - 1))
@@ -108,7 +143,8 @@ def _near_logits(qf, kf, L, scale, rows, cols, idx, keep):
 
 class _ShawBanded(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, c: int, causal: bool, scale: float, qf, kf, v, L):
+    def forward(ctx, c: int, causal: bool, scale: float, rows: int, qf, kf, v, L):
+        ctx.rows = rows
         b, h, t, dv = v.shape
         d = max(qf.shape[-1], dv)  # the CPU flash kernel wants one head size for q, k and v
         qp, kp, vp = pad_last(qf, d), pad_last(kf, d), pad_last(v, d)
@@ -120,7 +156,7 @@ class _ShawBanded(torch.autograd.Function):
         if shifted:  # j <= i - c for every row i >= c
             o, l = _flash(qp[..., c:, :], kp[..., :t - c, :], vp[..., :t - c, :], 0.0, True, scale=scale)
             far["past"][0][..., c:, :], far["past"][1][..., c:] = o[..., :dv], l
-        for rows, cols, idx, keep, past, future in _blocks(t, c, causal):
+        for rows, cols, idx, keep, past, future in _blocks(t, c, causal, ctx.rows):
             s = _near_logits(qf, kf, L, scale, rows, cols, idx, keep)
             a_near = torch.logsumexp(s, -1)  # the diagonal is always near: finite
             parts = [(torch.matmul(torch.exp(s - a_near.unsqueeze(-1)), v[..., cols, :]), a_near)]
@@ -163,7 +199,7 @@ class _ShawBanded(torch.autograd.Function):
             dq[..., c:, :] += gq[..., :qf.shape[-1]]
             dk[..., :t - c, :] += gk[..., :kf.shape[-1]]
             dvv[..., :t - c, :] += gv[..., :dv]
-        for rows, cols, idx, keep, past, future in _blocks(t, c, causal):
+        for rows, cols, idx, keep, past, future in _blocks(t, c, causal, ctx.rows):
             g_r, delta_r, lse_r = g[..., rows, :], delta[..., rows], lse[..., rows]
             for keys, col, o_far, l_far in ((past, 2 * c, o_past, l_past), (future, 0, o_future, l_future)):
                 if keys is None:
@@ -185,12 +221,13 @@ class _ShawBanded(torch.autograd.Function):
             dL[..., rows, :].scatter_add_(-1, idx.to(ds.device).expand(b, h, *idx.shape), ds)
         if L.shape[0] == 1 and b != 1:
             dL = dL.sum(0, keepdim=True)
-        return None, None, None, dq, dk, dvv, dL
+        return None, None, None, None, dq, dk, dvv, dL
 
 
-def shaw_banded(qf: Tensor, kf: Tensor, v: Tensor, L: Tensor, c: int, causal: bool, scale: float) -> Tensor:
+def shaw_banded(qf: Tensor, kf: Tensor, v: Tensor, L: Tensor, c: int, causal: bool, scale: float,
+                rows: int = 64) -> Tensor:
     """softmax(scale · qf kf^T + L[i, clip(i - j) + c]) v over all keys (``causal``: j <= i).
 
     qf, kf (B, H, T, D'), v (B, H, T, Dv), L (B|1, H, T, 2c + 1) the table logits; returns (B, H, T, Dv).
     CPU (PyTorch's flash kernel); see the module docstring for the decomposition."""
-    return _ShawBanded.apply(c, causal, scale, qf, kf, v, L)
+    return _ShawBanded.apply(c, causal, scale, rows, qf, kf, v, L)

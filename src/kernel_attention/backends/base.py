@@ -5,10 +5,14 @@ resolved: per-head q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv), a :class:
 ``keep`` mask (True = the key takes part, broadcastable to (B, H, Tq, Tk), or None for every key),
 the filter it came from, the positional terms, dropout and whether the weights are wanted.
 
-A :class:`Backend` answers two questions: :meth:`Backend.why_not` (None when it can run the problem,
-else the reason in words) and :meth:`Backend.run` (the output, (B, H, Tq, Dv), and the weights or None).
-Every backend must agree with ``dense`` -- the reference -- on values and gradients, including
-a zero output (and zero gradient) for a query whose filtered set is empty.
+A :class:`Backend` answers three questions: :meth:`Backend.supports` (None when it can run the problem,
+else the reason in words), :meth:`Backend.declines` (None, or why ``auto`` should leave a problem it can
+run to a later backend: a measured policy, :mod:`~kernel_attention.backends.policy`) and
+:meth:`Backend.run` (the output, (B, H, Tq, Dv), and the weights or None).  ``traceable`` says whether
+``torch.compile`` can trace it (PyTorch operations only, no value read back to the host); ``auto``
+passes over the others while a graph is traced.  Every backend must agree with ``dense`` -- the
+reference -- on values and gradients, including a zero output (and zero gradient) for a query whose
+filtered set is empty.
 """
 
 from __future__ import annotations
@@ -23,10 +27,7 @@ from kernel_attention.kernels import Kernel
 from kernel_attention.registry import Registry
 from kernel_attention.smoother import PositionalTerms
 
-__all__ = ["Problem", "Backend", "BACKENDS", "block_rows", "BLOCK_ELEMENTS", "sdpa_features"]
-
-#: Elements of one (B, H, rows, Tk) block in the chunked paths: memory grows as rows x Tk, not Tq x Tk.
-BLOCK_ELEMENTS = 1 << 23
+__all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "key_only_mask"]
 
 
 @dataclasses.dataclass
@@ -69,28 +70,26 @@ class Problem:
         return self.keep is not None and (self.keep.dim() < 2 or self.keep.shape[-2] == 1 or self.keep.stride(-2) == 0)
 
 
-#: Most query rows per block: smaller blocks follow a sparse or causal filter more closely.
-MAX_BLOCK_ROWS = 256
-
-
-def block_rows(b: int, h: int, tq: int, tk: int, budget: int = BLOCK_ELEMENTS) -> int:
-    """Query rows per block so that a (B, H, rows, Tk) block has at most ``budget`` elements
-    (at least 16 rows, at most MAX_BLOCK_ROWS and Tq)."""
-    rows = max(16, min(MAX_BLOCK_ROWS, budget // max(1, b * h * tk)))
-    return min(tq, rows)
-
-
 class Backend:
-    """Base class: ``name``, :meth:`why_not` and :meth:`run`."""
+    """Base class: ``name``, ``traceable``, :meth:`supports`, :meth:`declines`, :meth:`describe` and
+    :meth:`run`."""
 
     name = "backend"
+    #: whether ``torch.compile`` traces :meth:`supports` and :meth:`run` without a graph break
+    traceable = True
 
-    def why_not(self, p: Problem) -> str | None:
+    def supports(self, p: Problem) -> str | None:
         """None when this backend runs ``p``; otherwise why not, in words."""
         return None
 
+    def declines(self, p: Problem) -> str | None:
+        """Why ``auto`` should leave ``p``, which this backend supports, to a later backend (a measured
+        crossover of :mod:`~kernel_attention.backends.policy`), or None.  Asking for the backend by name
+        ignores it."""
+        return None
+
     def describe(self, p: Problem) -> str:
-        """How this backend would run ``p`` (called only when :meth:`why_not` is None)."""
+        """How this backend runs ``p`` (called only when :meth:`supports` is None)."""
         return self.name
 
     def run(self, p: Problem) -> tuple[Tensor, Tensor | None]:
@@ -103,12 +102,15 @@ class Backend:
 BACKENDS = Registry("backend", base=Backend)
 
 
-def empty_rows(keep: Tensor | None) -> Tensor | None:
-    """(…, Tq, 1) bool, True where a query keeps no key; None when there is none."""
-    if keep is None:
+def key_only_mask(p: Problem) -> Tensor | None:
+    """The (B|1, H|1, 1, Tk) bool mask of a problem whose mask depends on the key alone (padding), else
+    None.  Shapes and strides only: no value is read."""
+    if not p.key_only:
         return None
-    empty = ~keep.any(-1, keepdim=True)
-    return empty if bool(empty.any()) else None
+    keep = p.keep
+    while keep.dim() < 4:
+        keep = keep.unsqueeze(0)
+    return keep[..., :1, :]
 
 
 def sum_to(x: Tensor, shape) -> Tensor:

@@ -57,9 +57,9 @@ def _backends_for(kernel: str, dense: bool = True) -> list[str]:
     if kernel in DIRECT or kernel.startswith("poly"):
         out.append("linear")
     else:
-        out.append("fused")
+        out.append("auto")
         if kernel == "rbf":
-            out.append("fused:key_bias=mask")
+            out.append("sdpa:key_bias=mask")
     return out
 
 

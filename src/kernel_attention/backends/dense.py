@@ -15,7 +15,7 @@ class DenseBackend(Backend):
     name = "dense"
 
     def describe(self, p: Problem) -> str:
-        return "dense: materialises the (Tq, Tk) kernel matrix"
+        return "materialises the (Tq, Tk) kernel matrix"
 
     def run(self, p: Problem):
         return dense_smoother(p.q, p.k, p.v, p.kernel, p.keep, p.terms, p.dropout_p, p.need_weights)

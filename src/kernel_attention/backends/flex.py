@@ -1,6 +1,7 @@
-r"""FlexAttention form of the ``fused`` backend, for CUDA devices.
+r"""``flex``: FlexAttention, for CUDA devices.
 
-The same decomposition as :mod:`kernel_attention.backends.fused` -- log k = scale · <q', k'> + b --
+The decomposition log k = scale · <q', k'> + b of :mod:`~kernel_attention.backends.sdpa` and
+:mod:`~kernel_attention.backends.blockwise`,
 with b applied inside the kernel as a ``score_mod`` (key biases, relative-position tables gathered by
 distance, dense biases) and the filter as a ``BlockMask`` that skips fully masked tiles (local,
 strided, causal).  Compiled once per (shape, mask) and cached by PyTorch.
@@ -17,10 +18,10 @@ import functools
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import Problem, pad_last
+from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
 from kernel_attention.difference_index import DifferenceIndex
 
-__all__ = ["flex_why_not", "flex_smoother"]
+__all__ = ["FlexBackend", "flex_why_not", "flex_smoother"]
 
 
 #: Compiled FlexAttention kernels per process.  Each (shape, dtype, block mask, score_mod form) is one
@@ -52,6 +53,10 @@ def flex_why_not(p: Problem, allow_cpu: bool = False) -> str | None:
         _flex()
     except Exception as e:  # pragma: no cover - depends on the PyTorch build
         return f"FlexAttention is unavailable ({type(e).__name__}: {e})"
+    if p.need_weights:
+        return "need_weights=True: only dense forms the (Tq, Tk) weights"
+    if p.kernel.sdpa_layout() is None:
+        return f"kernel {p.kernel.name!r} has no SDPA features (Kernel.sdpa_form)"
     if p.dropout_p > 0:
         return "dropout on the weights is not available in FlexAttention"
     t = p.terms
@@ -149,3 +154,21 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
         nonempty = p.keep.any(-1, keepdim=True)
         out = out * nonempty.to(out.dtype)  # rows with no key: zero, never NaN
     return out
+
+
+@BACKENDS.register("flex")
+class FlexBackend(Backend):
+    """FlexAttention with the additive terms as a ``score_mod`` and the filter as a block mask (see the
+    module docstring)."""
+
+    name = "flex"
+
+    def supports(self, p: Problem) -> str | None:
+        return flex_why_not(p)
+
+    def describe(self, p: Problem) -> str:
+        return "FlexAttention: score_mod for the additive terms, a block mask for the filter"
+
+    def run(self, p: Problem):
+        qf, kf, scale, key_bias = sdpa_features(p)
+        return flex_smoother(p, qf, kf, scale, key_bias), None

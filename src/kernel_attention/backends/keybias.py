@@ -1,6 +1,6 @@
 """A per-key log-kernel term (rbf's -s||k||^2) as a differentiable bias of the CPU flash kernel, without
-a (Tq, Tk) tensor in either pass: the ``fused:key_bias=mask`` form of
-:class:`~kernel_attention.backends.fused.FusedBackend`."""
+a (Tq, Tk) tensor in either pass: the ``sdpa:key_bias=mask`` form of
+:class:`~kernel_attention.backends.sdpa.SdpaBackend`."""
 
 from __future__ import annotations
 

@@ -26,11 +26,12 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
+from kernel_attention.backends.policy import policy
 from kernel_attention.backends.causal_scan import causal_scan
 from kernel_attention.backends.full_scan import full_scan
 from kernel_attention.registry import Param
 
-__all__ = ["LinearBackend", "feature_size"]
+__all__ = ["linear_crossover", "LinearBackend", "feature_size"]
 
 
 def feature_size(p: Problem) -> int | None:
@@ -41,11 +42,26 @@ def feature_size(p: Problem) -> int | None:
 
 def _structure(p: Problem):
     """("full" | "causal", key mask (B|1, H|1, Tk, 1) or None) when the filter is full, padding, causal
-    or causal & padding; None otherwise.  Read off the mask itself, so any spelling of it qualifies."""
+    or causal & padding; None otherwise.  Told by the filter's kind where the problem has one (no value
+    read, so it traces under ``torch.compile``); a bare mask tensor is read instead."""
     b, h, tq, tk = p.shape
     keep = p.keep
     if keep is None:
         return "full", None
+    km = None if p.key_mask is None else p.key_mask[:, None, :, None]
+    filt = p.filter
+    if filt is not None and p.key_mask is not None and (filt.kind == "full" or filt.name == "padding"):
+        return "full", km
+    if filt is not None and filt.kind == "causal" and tq == tk:
+        return "causal", km
+    if filt is not None and filt.by_spec:  # a mask of the filter's own spec: its kind said it all
+        return None
+    return _structure_from_values(p, keep)
+
+
+def _structure_from_values(p: Problem, keep):
+    """:func:`_structure` read off the mask itself, so any spelling of it qualifies."""
+    b, h, tq, tk = p.shape
     while keep.dim() < 4:
         keep = keep.unsqueeze(0)
     last = keep[..., -1:, :]  # for causal (Tq == Tk) the last query sees every real key
@@ -73,7 +89,7 @@ class LinearBackend(Backend):
     def __init__(self, chunk: int = 256, slices: int | None = None):
         self.chunk, self.slices = chunk, slices
 
-    def why_not(self, p: Problem) -> str | None:
+    def supports(self, p: Problem) -> str | None:
         if p.need_weights:
             return "need_weights=True: the linear form never forms the weights"
         if feature_size(p) is None:
@@ -93,6 +109,13 @@ class LinearBackend(Backend):
                     f"feature-map scan cannot drop arbitrary (query, key) pairs")
         return None
 
+    def declines(self, p: Problem) -> str | None:
+        f, tk = feature_size(p), p.shape[3]
+        cross = linear_crossover(f, p.q.device)
+        if tk < cross:
+            return f"Tk={tk} is below its crossover with dense ({cross} keys for F={f})"
+        return None
+
     def describe(self, p: Problem) -> str:
         f = feature_size(p)
         mode = _structure(p)[0]
@@ -101,13 +124,20 @@ class LinearBackend(Backend):
         bg, hg = _group_sizes(p.q, p.k, p.kernel, self.chunk, f, self.slices)
         groups = (-(-b // bg)) * (-(-h // hg))
         split = f", in {groups} groups of {bg * hg} (batch, head) slices" if groups > 1 else ""
-        return f"linear: feature map of size F={f}, {mode}{split}; cost ~ T·F·Dv instead of T^2·D"
+        return f"feature map of size F={f}, {mode}{split}; cost ~ T·F·Dv instead of T^2·D"
 
     def run(self, p: Problem):
         mode, km = _structure(p)
         km = None if km is None else km.to(p.q.dtype)  # (B|1, H|1, Tk, 1)
         scan = causal_scan if mode == "causal" else full_scan
         return _in_groups(scan, p.q, p.k, p.v, km, p.kernel, self.chunk, feature_size(p), self.slices), None
+
+
+def linear_crossover(features: int, device) -> int:
+    """Keys from which ``auto`` prefers ``linear`` to ``dense``: the linear form costs ~T·F·Dv per pass
+    against T^2·D for dense, so they break even near T ~ F, scaled by the device policy."""
+    pol = policy(device)
+    return max(pol.linear_min_keys, pol.linear_feature_factor * features)
 
 
 #: Elements of one block's features, (slices, chunk, F), above which the scans run on groups of

@@ -58,26 +58,13 @@ from kernel_attention.backends.base import Problem, pad_last, sum_to
 from kernel_attention.backends.relative import toeplitz_base
 from kernel_attention.backends.slice_terms import TERMS, SharedTerm, SliceSpec, term_blocks
 
-__all__ = ["SliceSpec", "sliced_smoother", "relative_base", "kept_blocks", "SLICE_ELEMENTS", "KEPT_LOGITS_ELEMENTS"]
+__all__ = ["SliceSpec", "sliced_smoother", "relative_base", "kept_blocks"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 #: log2(e): the backward forms P as 2^(log2(e)·(s - lse)); PyTorch's exp2 runs about 3x faster than its exp on
 #: the CPU (75 against 221 us for 256K float32 elements, AVX-512), and log2(e) is folded into the operands.
 LOG2E = 1.4426950408889634
-
-#: Elements of one (rows, Tk) slice buffer at most: 16M float32 = 64 MB, so that blocks keep the 256 rows of
-#: MAX_BLOCK_ROWS up to Tk = 65536 (4 MB at Tk = 4096).  In a trial, a budget of 4 MB (64 rows at Tk = 16384)
-#: made `xl` 2.45x SDPA at T = 16384 against 2.07x with 256 rows, and 128 rows gave 2.19x (B = 1, H = 2);
-#: `product` 2.00x against 1.63x: fewer, wider products per slice and a quarter of the flash calls outweigh
-#: buffers that leave the cache.
-SLICE_ELEMENTS = 1 << 24
-
-
-#: (B, H, rows, Tk) elements of logits per call that the compiled forward keeps for the backward (fused's
-#: ``kept``): a block whose logits are kept forms P from them, without the content product and the term's.
-KEPT_LOGITS_ELEMENTS = 1 << 25
-
 
 #: Rows per relative product in the compiled loops (:func:`rel_chunk_rows`); 0 runs each on the whole block.
 REL_CHUNK = 128
@@ -91,7 +78,7 @@ def rel_chunk_rows(n: int, m: int) -> int:
 
 def kept_blocks(blocks: list, b: int, h: int, budget: int) -> list[bool]:
     """For each block that sees a key, in order: whether the compiled forward keeps its (B, H, rows, cols) logits
-    for the backward -- those that fit in what is left of ``budget`` elements (fused's ``kept``)."""
+    for the backward -- those that fit in what is left of ``budget`` elements (``blockwise:kept``)."""
     keeps = []
     for r0, r1, lo, hi in blocks:
         if hi > lo:

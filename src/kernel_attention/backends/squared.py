@@ -53,11 +53,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import Problem
+from kernel_attention.backends.base import BACKENDS, Backend, Problem
+from kernel_attention.backends.chunked import plan_blocks
+from kernel_attention.backends.policy import block_rows, policy
+from kernel_attention.registry import Param
 from kernel_attention.dropout import block_seed, keep_mask
 from kernel_attention.kernels import SquaredForm
 
-__all__ = ["MAX_SPREAD", "masked_key_log", "key_spread", "squared_route", "squared_smoother"]
+__all__ = ["SquaredBackend", "MAX_SPREAD", "masked_key_log", "key_spread", "squared_route", "squared_smoother"]
 
 #: Largest max - min of the per-key log factor over kept keys that this path accepts (module docstring).
 MAX_SPREAD = 40.0
@@ -90,8 +93,8 @@ def key_spread(m: Tensor) -> float:
 def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
     """(m, None) when ``p`` can run on this path, m = :func:`masked_key_log` of the kernel's per-key
     log factor (with its gradient; pass it to :meth:`Kernel.squared_form`); (None, "") when the kernel
-    has no :class:`SquaredForm`; otherwise (None, why not, in words), which the ``fused`` backend adds
-    to its description."""
+    has no :class:`SquaredForm`; otherwise (None, why not, in words), which :class:`SquaredBackend`
+    gives as its reason."""
     if not p.kernel.has_squared_form():
         return None, ""
     t = p.terms
@@ -220,3 +223,51 @@ def _ratio(n: Tensor) -> Tensor:
     dividing by 1 there keeps the gradient finite)."""
     num, den = n[..., :-1], n[..., -1:]
     return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+@BACKENDS.register("squared", [
+    Param("block", int, None, optional=True, check=lambda x: x >= 1024, rule=">= 1024",
+          doc="elements of one (B, H, rows, Tk) block (default: the device policy's)"),
+])
+class SquaredBackend(Backend):
+    """The implicit kernels as k / sum k per block of query rows (see the module docstring)."""
+
+    name = "squared"
+    traceable = False  # the per-key factor's range is read back to decide whether its exponentials underflow
+
+    def __init__(self, block: int | None = None):
+        self.block = block
+
+    def supports(self, p: Problem) -> str | None:
+        if p.need_weights:
+            return "need_weights=True: only dense forms the (Tq, Tk) weights"
+        why = squared_route(p)[1]
+        if why == "":
+            return f"kernel {p.kernel.name!r} has no squared form (Kernel.squared_form)"
+        return why
+
+    def declines(self, p: Problem) -> str | None:
+        limit = policy(p.q.device).squared_dropout_dense_elements
+        if getattr(p.kernel, "drops_magnitude", False) and p.pairs <= limit:
+            return (f"kernel {p.kernel.name!r} draws magnitude dropout (training); dense was faster up to {limit} "
+                    f"(B, H, Tq, Tk) elements (here {p.pairs})")
+        return None
+
+    def rows(self, p: Problem) -> int:
+        pol = policy(p.q.device)
+        b, h, tq, tk = p.shape
+        return block_rows(b, h, tq, tk, self.block or pol.block_elements, pol.max_block_rows)
+
+    def describe(self, p: Problem) -> str:
+        blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], self.rows(p))[1]
+        drop = ("; its magnitude dropout is drawn per block, and the pairs that keep their magnitude and those "
+                "that drop it are summed apart" if getattr(p.kernel, "drops_magnitude", False) else "")
+        return (f"{len(blocks)} blocks of {self.rows(p)} query rows; k = ((phi(q)·phi(k))/n)^2 + eps times a "
+                f"per-key factor, formed per block and normalised as k / sum k (no log or exp per pair){drop}")
+
+    def run(self, p: Problem):
+        key_log, why = squared_route(p)
+        b, h, tq, tk = p.shape
+        keep, blocks = plan_blocks(p.keep, tq, tk, self.rows(p))
+        form = p.kernel.squared_form(p.q, p.k, key_log=key_log)
+        return squared_smoother(form, p.v, keep, blocks), None

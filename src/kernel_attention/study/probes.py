@@ -36,7 +36,7 @@ def capture_kernel_inputs(model: torch.nn.Module) -> Iterator[dict[str, list]]:
     patched, backends = [], {}
     for name, att in attention_places(model).items():
         backends[name] = att.backend
-        att.backend = "dense"  # the fused path of exp never forms log k; the dense one calls log_kernel
+        att.backend = "dense"  # the sdpa backend never forms log k; the dense one calls log_kernel
         kern = att.kernel
         if not hasattr(kern, "log_kernel"):
             continue

@@ -1,0 +1,76 @@
+r"""Device policy: the sizes and crossovers that decide how ``auto`` runs a call, as data, one record per
+device type.
+
+Each number is a measurement, cited in docs/benchmarks.md ("Figures behind the dispatch policy"); a new
+device, or a re-measured one, changes this table and nothing else.  Element counts are of dense's
+(B, H, Tq, Tk) tensors unless a field says otherwise.
+
+    from kernel_attention.backends.policy import policy
+    policy("cuda").dense_preferred_elements
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["DevicePolicy", "POLICIES", "policy", "block_rows"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePolicy:
+    #: (B, H, rows, Tk) elements of one block of ``blockwise`` and ``squared``.
+    block_elements: int
+    #: the same for ``product`` positions shared by the batch (``blockwise``'s shared form).
+    shared_block_elements: int
+    #: Most query rows per block: smaller blocks follow a sparse or causal filter more closely.
+    max_block_rows: int
+    #: Up to this many elements, ``auto`` runs on ``dense`` what ``blockwise`` was measured slower at (kernels
+    #: without SDPA features, Transformer-XL's relative term; None: never).
+    dense_preferred_elements: int | None
+    #: Keys from which ``blockwise`` runs the relative term and shared positions per (rows, head, batch
+    #: element) slice (the compiled CPU loops); below, ``auto`` prefers ``dense``.  None: no slice loops.
+    sliced_min_keys: int | None
+    #: (rows, Tk) elements of one slice of the slice loops.
+    slice_elements: int
+    #: (B, H, rows, Tk) elements of logits the slice loops keep for the backward pass (0 recomputes them).
+    kept_logits_elements: int
+    #: Above this many elements a call with dropout on the weights runs on ``blockwise`` rather than as one
+    #: ``sdpa`` call (whose CPU kernel forms the weights whole with dropout), and below it ``auto`` keeps a
+    #: kernel that draws magnitude dropout on ``dense`` rather than ``blockwise``.
+    dropout_blocked_elements: int | None
+    #: Up to this many elements ``auto`` keeps a kernel that draws magnitude dropout on ``dense`` rather
+    #: than ``squared``.
+    squared_dropout_dense_elements: int
+    #: ``linear`` from max(linear_min_keys, linear_feature_factor · F) keys, F the feature-map size.
+    linear_min_keys: int
+    linear_feature_factor: int
+    #: Query rows per block of ``banded`` under the full and the causal filter.
+    banded_rows_full: int
+    banded_rows_causal: int
+
+
+POLICIES: dict[str, DevicePolicy] = {
+    "cpu": DevicePolicy(block_elements=1 << 23, shared_block_elements=1 << 25, max_block_rows=256,
+                        dense_preferred_elements=None, sliced_min_keys=256, slice_elements=1 << 24,
+                        kept_logits_elements=1 << 25, dropout_blocked_elements=1 << 25,
+                        squared_dropout_dense_elements=1 << 23, linear_min_keys=256, linear_feature_factor=1,
+                        banded_rows_full=256, banded_rows_causal=64),
+    "cuda": DevicePolicy(block_elements=1 << 25, shared_block_elements=1 << 25, max_block_rows=256,
+                         dense_preferred_elements=1 << 27, sliced_min_keys=None, slice_elements=1 << 24,
+                         kept_logits_elements=0, dropout_blocked_elements=None,
+                         squared_dropout_dense_elements=0, linear_min_keys=8192, linear_feature_factor=4,
+                         banded_rows_full=256, banded_rows_causal=64),
+}
+
+
+def policy(device) -> DevicePolicy:
+    """The policy of a device (a ``torch.device`` or its type name); devices not measured take CUDA's."""
+    kind = getattr(device, "type", device)
+    return POLICIES.get(kind, POLICIES["cuda"])
+
+
+def block_rows(b: int, h: int, tq: int, tk: int, budget: int, max_rows: int = 256) -> int:
+    """Query rows per block so that a (B, H, rows, Tk) block has at most ``budget`` elements
+    (at least 16 rows, at most ``max_rows`` and Tq)."""
+    rows = max(16, min(max_rows, budget // max(1, b * h * tk)))
+    return min(tq, rows)

@@ -1,0 +1,106 @@
+r"""``sdpa``: the smoother as one call of PyTorch's ``scaled_dot_product_attention`` on kernel features.
+
+A positive kernel smoother is softmax(log k_F + log k_T) (Transformer Dissection, Definition 1, in log
+space), so it is one fused attention call whenever
+
+    log k(x_i, x_j) = scale · <q'_i, k'_j> + kb_j + (constant along row i)
+
+with features q', k' (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with its key-norm term -s||k_j||^2 as an
+augmented feature or a key bias kb; ``periodic`` as Fourier features), a positional factor that is absent
+or an inner product (``product``: its features are concatenated), and a filter that is full, causal
+(Tq = Tk) or a padding mask.  No (Tq, Tk) tensor is formed.
+
+A padding mask enters as a float mask with a large finite negative (not -inf) at padded keys, and the
+rows of a sequence with no real key are zeroed after the call: a query whose filtered set is empty gets
+zeros and zero gradient without reading the mask back to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_mask, pad_last, sdpa_features
+from kernel_attention.backends.keybias import KeyBiasSDPA
+from kernel_attention.backends.policy import policy
+from kernel_attention.registry import Param
+
+__all__ = ["SdpaBackend", "shared_positions"]
+
+
+def shared_positions(p: Problem) -> bool:
+    """Whether ``product``'s positional features are shared by a batch of B > 1 (the features have batch
+    size 1): ``blockwise`` then forms their logits once per block for the whole batch."""
+    t = p.terms
+    return (t is not None and t.q_feat is not None and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1
+            and p.shape[0] > 1)
+
+
+@BACKENDS.register("sdpa", [
+    Param("key_bias", str, "features", choices=("features", "mask"),
+          doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as the bias of the fused "
+              "kernel (CPU, no dropout)"),
+])
+class SdpaBackend(Backend):
+    """One ``scaled_dot_product_attention`` call (see the module docstring)."""
+
+    name = "sdpa"
+
+    def __init__(self, key_bias: str = "features"):
+        self.key_bias = key_bias
+
+    def supports(self, p: Problem) -> str | None:
+        if p.need_weights:
+            return "need_weights=True: only dense forms the (Tq, Tk) weights"
+        layout = p.kernel.sdpa_layout(self.key_bias)
+        if layout is None:
+            return f"kernel {p.kernel.name!r} has no SDPA features (Kernel.sdpa_form)"
+        t = p.terms
+        if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
+                              or t.key_bias is not None):
+            return "positional terms other than product's inner product (shaw, xl, float masks) enter log k per pair"
+        b, h, tq, tk = p.shape
+        if not (p.keep is None or (p.causal and tq == tk) or p.key_only):
+            return f"filter {p.filter!r} is neither full, causal (Tq = Tk) nor padding"
+        if layout == "bias" and (p.dropout_p > 0 or p.q.device.type != "cpu"):
+            return "a key bias as the fused kernel's mask is differentiable on the CPU without dropout only"
+        return None
+
+    def declines(self, p: Problem) -> str | None:
+        pol = policy(p.q.device)
+        if torch.compiler.is_compiling():  # the alternatives below are not traceable
+            return None
+        if pol.dropout_blocked_elements is not None and p.dropout_p > 0 and p.pairs > pol.dropout_blocked_elements:
+            return (f"with dropout, the CPU's fused kernel forms the (Tq, Tk) weights whole; above "
+                    f"{pol.dropout_blocked_elements} (B, H, Tq, Tk) elements (here {p.pairs}) blockwise is faster")
+        if pol.sliced_min_keys is not None and p.dropout_p == 0 and shared_positions(p):
+            return ("product's positions are shared by the batch: their logits formed once per block "
+                    "(blockwise, or dense on short sequences) were faster than concatenated features")
+        return None
+
+    def describe(self, p: Problem) -> str:
+        how = "key bias" if p.kernel.sdpa_layout(self.key_bias) == "bias" else "features"
+        extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
+        mask = ", causal" if p.keep is not None and not p.key_only else (", padding mask" if p.keep is not None else "")
+        return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}"
+
+    def run(self, p: Problem):
+        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias)
+        km = key_only_mask(p)
+        is_causal = p.keep is not None and km is None
+        mask = empty = None
+        if km is not None:
+            big = -0.5 * torch.finfo(qf.dtype).max  # finite: a row with no key stays finite, then is zeroed
+            mask = torch.zeros(km.shape, dtype=qf.dtype, device=qf.device).masked_fill(~km, big)
+            empty = ~km.any(-1, keepdim=True)  # (B|1, H|1, 1, 1)
+        if key_bias is not None:
+            out = KeyBiasSDPA.apply(qf, kf, p.v, key_bias, mask, is_causal, scale)
+        else:
+            dv = p.v.shape[-1]
+            d = max(qf.shape[-1], dv)
+            if p.q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
+                d = -(-d // 8) * 8
+            out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(p.v, d), attn_mask=mask,
+                                                 dropout_p=p.dropout_p, is_causal=is_causal, scale=scale)
+            out = out if d == dv else out[..., :dv]
+        return (out if empty is None else out.masked_fill(empty, 0.0)), None
