@@ -43,3 +43,11 @@ def test_errors_name_the_problem(tmp_path):
     with pytest.raises(ConfigError, match="mapping of sections"):
         load_config(tmp_path / "list.yaml")
     assert load_config({"custom": 1}, accepted=["custom"]) == {"custom": 1}
+
+
+def test_a_self_referencing_yaml_is_a_config_error_not_a_recursion_error(tmp_path):
+    (tmp_path / "loop.yaml").write_text("task: &t\n  name: synthetic\n  again: *t\n")
+    with pytest.raises(ConfigError, match="loop.yaml: it refers to itself: a YAML alias"):
+        load_config(tmp_path / "loop.yaml")
+    with pytest.raises(ConfigError, match="override value .*refers to itself"):
+        load_config({}, ["model.x=&a [*a]"])

@@ -48,14 +48,22 @@ class ConfigError(ValueError):
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)$")  # 1e-3, 5E4: strings to YAML 1.1
 
 
-def _numbers(x: Any) -> Any:
-    """Turn the strings YAML 1.1 leaves as strings but everyone means as floats (``1e-3``) into floats."""
+def _numbers(x: Any, _open: tuple[int, ...] = ()) -> Any:
+    """Turn the strings YAML 1.1 leaves as strings but everyone means as floats (``1e-3``) into floats.
+
+    A mapping or list that contains itself (a YAML alias inside its own anchor, ``a: &x [*x]``) has no
+    finite value: it fails as a :class:`ConfigError` (caught by the caller, which names the file) rather
+    than as a RecursionError deep in whatever walks the config next."""
     if isinstance(x, str) and _FLOAT.match(x.strip()):
         return float(x)
-    if isinstance(x, dict):
-        return {k: _numbers(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_numbers(v) for v in x]
+    if isinstance(x, (dict, list)):
+        if id(x) in _open:
+            raise ConfigError("it refers to itself: a YAML alias (*name) sits inside its own anchor "
+                              "(&name); a config must be a tree, so copy the values instead")
+        inner = _open + (id(x),)
+        if isinstance(x, dict):
+            return {k: _numbers(v, inner) for k, v in x.items()}
+        return [_numbers(v, inner) for v in x]
     return x
 
 
@@ -65,6 +73,8 @@ def parse_value(text: str) -> Any:
         return _numbers(yaml.safe_load(text)) if text.strip() else None
     except yaml.YAMLError:
         return text  # e.g. "a: b: c" -- keep the literal string
+    except ConfigError as e:
+        raise ConfigError(f"override value {text!r}: {e}") from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -120,7 +130,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | None = None, ove
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(cfg, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(cfg).__name__}")
-        cfg = _numbers(cfg)
+        try:
+            cfg = _numbers(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
     cfg = apply_overrides(cfg, overrides)
     validate_sections(cfg, accepted)
     return cfg
