@@ -37,10 +37,21 @@ def _one_line(text: str) -> str:
 
 def _registries():
     import kernel_attention as ka
-    from kernel_attention.backends import BACKENDS
+    from kernel_attention import backends
 
     return [("Kernels", "kernel", ka.KERNELS), ("Positional schemes", "position", ka.POSITIONS),
-            ("Set filters", "filter", ka.FILTERS), ("Backends", "backend", BACKENDS)]
+            ("Set filters", "filter", ka.FILTERS), ("Backends", "backend", backends.BACKENDS)]
+
+
+def _ordered_names(keyword: str, reg) -> tuple[list[str], list[str]]:
+    """The registry's names, backends in the order ``auto`` tries them (the rest after, by name)."""
+    names = reg.names()
+    if keyword != "backend":
+        return names, []
+    from kernel_attention import backends
+
+    order = [n for n in getattr(backends, "ORDER", ()) if n in names]
+    return order + [n for n in names if n not in order], order
 
 
 def vocabulary_rst() -> list[str]:
@@ -49,7 +60,11 @@ def vocabulary_rst() -> list[str]:
         lines += [title, "-" * len(title), "",
                   f"Chosen with ``{keyword}=`` (Python), ``{keyword}:`` (YAML) or ``{keyword}=`` on the command "
                   f"line, as ``name`` or ``name:key=value,key=value``.", ""]
-        for name in reg.names():
+        names, order = _ordered_names(keyword, reg)
+        if order:
+            lines += ["``backend=\"auto\"`` (the default) tries them in this order and takes the first that "
+                      "supports the call: " + ", ".join(f"``{n}``" for n in order) + ".", ""]
+        for name in names:
             entry = reg.entry(name)
             lines += [f".. rubric:: {name}", ""]
             doc = _one_line(entry.doc)
