@@ -124,3 +124,28 @@ def test_ika_random_splits(tmp_path):
     assert len(splits) == 10 and len({tuple(s.test) for s in splits}) > 1
     for s in splits:
         assert len(s.train) == int(5 * 0.6) and sorted(s.train + s.test) == list(range(5))
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-Infinity", "NaN"])
+def test_nan_and_inf_fields_are_rejected_naming_file_and_line(tmp_path, bad):
+    d = _uci(tmp_path)
+    (d / "data.txt").write_text(f"1 2 3\n4 {bad} 6\n")
+    with pytest.raises(DataFormatError, match=rf"data.txt:2: not a finite number: '{bad}' \(column 2\)"):
+        load_uci(tmp_path, "concrete")
+    air = tmp_path / "timeseries" / "airline-passengers"
+    air.mkdir(parents=True)
+    (air / "AirPassengers.csv").write_text(f'"Month","Passengers"\n"1949-01",112\n"1949-02",{bad}\n')
+    with pytest.raises(DataFormatError, match="AirPassengers.csv:3: expected 'YYYY-MM-DD,value' with a finite value"):
+        load_airline(tmp_path)
+
+
+@pytest.mark.parametrize("n", [-3, 0])
+def test_a_number_of_splits_below_one_is_rejected(tmp_path, n):
+    from kernel_attention.data.protocols import random_splits
+
+    d = _uci(tmp_path)
+    (d / "n_splits.txt").write_text(f"{n}\n")
+    with pytest.raises(DataFormatError, match=f"n_splits.txt:1: the number of splits must be >= 1, got {n}"):
+        load_uci(tmp_path, "concrete")
+    with pytest.raises(ValueError, match=f"n_splits must be an integer >= 1, got {n}"):
+        random_splits(10, n_splits=n)

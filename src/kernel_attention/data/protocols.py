@@ -88,6 +88,8 @@ def random_splits(n: int, n_splits: int = 10, train_fraction: float = 0.9, seed:
     the first ``int(n * train_fraction)`` indices, tests on the rest (as the official code,
     ``idx[:int(num_data * tr_ratio)]``)."""
     seed = _check_seed(seed)
+    if isinstance(n_splits, bool) or not isinstance(n_splits, (int, np.integer)) or n_splits < 1:
+        raise ValueError(f"n_splits must be an integer >= 1, got {n_splits!r}")
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
     n_train = int(n * train_fraction)

@@ -20,6 +20,7 @@ gives the IKA paper's ten random 90/10 splits.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -99,7 +100,8 @@ def fit_scaler(v: torch.Tensor, method: str = "minmax", indices: Sequence[int] |
 
 
 def _numbers(path: Path, dataset: str, sep: str | None = None, skip_comments: bool = False, header: bool = False):
-    """Rows of floats; blank lines are skipped, a row of a different width or a non-number is an error."""
+    """Rows of floats; blank lines are skipped, a row of a different width, a non-number or a nan / inf is
+    an error naming the file and line."""
     p, lines = read_lines(path, "utf-8", dataset)
     rows, width, head = [], None, None
     for i, line in enumerate(lines):
@@ -114,10 +116,15 @@ def _numbers(path: Path, dataset: str, sep: str | None = None, skip_comments: bo
         if len(fields) != width:
             raise DataFormatError(p, i + 1, f"expected {width} fields, got {len(fields)}")
         try:
-            rows.append([float(f) for f in fields])
+            row = [float(f) for f in fields]
         except ValueError:
             bad = next(f for f in fields if not _is_float(f))
             raise DataFormatError(p, i + 1, f"not a number: {bad[:30]!r}") from None
+        if not all(map(math.isfinite, row)):  # float() reads nan / inf; a regression table has neither
+            bad = next(f for f, v in zip(fields, row) if not math.isfinite(v))
+            raise DataFormatError(p, i + 1, f"not a finite number: {bad[:30]!r} (column {fields.index(bad) + 1}); "
+                                            "a missing value must be imputed or its row removed")
+        rows.append(row)
     if not rows:
         raise DataFormatError(p, None, "no data rows")
     return head, torch.tensor(rows, dtype=torch.float64)
@@ -161,6 +168,8 @@ def load_uci(root: str | Path, name: str) -> RegressionData:
         n_splits = int(n_lines[0])
     except (ValueError, IndexError):
         raise DataFormatError(p, 1, "expected the number of splits") from None
+    if n_splits < 1:
+        raise DataFormatError(p, 1, f"the number of splits must be >= 1, got {n_splits}")
     splits = []
     for k in range(n_splits):
         tr = _indices(folder / f"index_train_{k}.txt", name, table.shape[0])
@@ -213,8 +222,8 @@ def load_airline(root: str | Path) -> RegressionData:
         if not line.strip():
             continue
         fields = [f.strip().strip('"') for f in line.split(",")]
-        if len(fields) != 2 or not _is_float(fields[1]):
-            raise DataFormatError(p, i, f"expected 'YYYY-MM-DD,value', got {line[:40]!r}")
+        if len(fields) != 2 or not _is_float(fields[1]) or not math.isfinite(float(fields[1])):
+            raise DataFormatError(p, i, f"expected 'YYYY-MM-DD,value' with a finite value, got {line[:40]!r}")
         values.append(float(fields[1]))
     if not values:
         raise DataFormatError(p, None, "no data rows")
