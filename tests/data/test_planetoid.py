@@ -103,3 +103,18 @@ def test_malformed_test_index_names_line(tmp_path):
     (d / "ind.cora.tx").write_bytes(b"not a pickle")
     with pytest.raises(DataFormatError, match=r"ind\.cora\.tx"):
         load_planetoid(tmp_path, "cora")
+
+
+@pytest.mark.parametrize("part, obj, message", [
+    ("graph", {0: 5}, r"ind.cora.graph: node 0: expected integer node ids and a list of integer neighbour ids"),
+    ("graph", {0: ["a"]}, r"ind.cora.graph: node 0: expected integer node ids"),
+    ("ally", np.zeros(4), r"ind.cora.ally: expected a 2-D numeric matrix, got shape \(4,\)"),
+    ("y", [[1, 0]], r"ind.cora.y: expected a matrix \(numpy array or scipy CSR\), got list"),
+    ("tx", np.zeros((3, 5), np.float32), r"ind.cora.tx: 5 feature columns, allx has 3"),
+    ("allx", np.array([["a", "b", "c"]] * 4), r"ind.cora.allx: expected a 2-D numeric matrix"),
+])
+def test_a_malformed_part_is_an_error_naming_its_file(tmp_path, part, obj, message):
+    d = _write(tmp_path)
+    (d / f"ind.cora.{part}").write_bytes(pickle.dumps(obj, protocol=2))
+    with pytest.raises(DataFormatError, match=message):
+        load_planetoid(tmp_path, "cora")

@@ -130,12 +130,32 @@ def _load_part(folder: Path, name: str, part: str):
     return restricted_loads(read_bytes(path, name), str(path))
 
 
-def _dense(m, path: str) -> np.ndarray:
+def _dense(m, path: str | Path) -> np.ndarray:
+    """A part as a 2-D numeric array, or a DataFormatError naming its file (a list, a 1-D array or an array
+    of strings would otherwise fail later as a bare TypeError or IndexError)."""
     if sp.issparse(m):
-        return np.asarray(m.todense())
-    if isinstance(m, np.ndarray):
-        return m
-    raise DataFormatError(path, None, f"expected a matrix, got {type(m).__name__}")
+        m = np.asarray(m.todense())
+    if not isinstance(m, np.ndarray):
+        raise DataFormatError(path, None, f"expected a matrix (numpy array or scipy CSR), got {type(m).__name__}")
+    if m.ndim != 2 or not (np.issubdtype(m.dtype, np.number) or m.dtype == bool):
+        raise DataFormatError(path, None, f"expected a 2-D numeric matrix, got shape {m.shape} of {m.dtype}")
+    return m
+
+
+def _edges(graph, path: Path) -> tuple[list[int], list[int]]:
+    """(source, target) ids of the ``graph`` part, a dict of neighbour-id lists."""
+    if not isinstance(graph, dict):
+        raise DataFormatError(path, None, f"expected a dict of neighbour lists, got {type(graph).__name__}")
+    src, dst = [], []
+    for u, nbrs in graph.items():
+        try:
+            for v in nbrs:
+                src.append(int(u))
+                dst.append(int(v))
+        except (TypeError, ValueError):
+            raise DataFormatError(path, None, f"node {u!r}: expected integer node ids and a list of integer "
+                                              f"neighbour ids, got {nbrs!r:.60}") from None
+    return src, dst
 
 
 def load_planetoid(root: str | Path, name: str, normalize_features: bool = True, self_loops: bool = False,
@@ -155,8 +175,16 @@ def load_planetoid(root: str | Path, name: str, normalize_features: bool = True,
         except ValueError:
             raise DataFormatError(p, i + 1, f"not a node id: {line[:30]!r}") from None
     test_idx = np.asarray(test_idx, dtype=np.int64)
-    allx, tx = _dense(allx, f"ind.{name}.allx"), _dense(tx, f"ind.{name}.tx")
-    ally, ty, y = np.asarray(ally), np.asarray(ty), np.asarray(y)
+    if not test_idx.size:
+        raise DataFormatError(p, None, "no test node ids")
+    part = {q: d / f"ind.{name}.{q}" for q in ("x", "y", "tx", "ty", "allx", "ally", "graph")}
+    allx, tx = _dense(allx, part["allx"]), _dense(tx, part["tx"])
+    ally, ty, y = _dense(ally, part["ally"]), _dense(ty, part["ty"]), _dense(y, part["y"])
+    if tx.shape[1] != allx.shape[1]:
+        raise DataFormatError(part["tx"], None, f"{tx.shape[1]} feature columns, allx has {allx.shape[1]}")
+    if ty.shape[1] != ally.shape[1] or y.shape[1] != ally.shape[1]:
+        raise DataFormatError(part["ty"] if ty.shape[1] != ally.shape[1] else part["y"], None,
+                              f"label columns differ: y {y.shape[1]}, ty {ty.shape[1]}, ally {ally.shape[1]}")
     if tx.shape[0] != test_idx.size or ty.shape[0] != test_idx.size:
         raise DataFormatError(p, None, f"{test_idx.size} test ids but tx has {tx.shape[0]} rows, ty {ty.shape[0]}")
     if allx.shape[0] != ally.shape[0]:
@@ -175,13 +203,7 @@ def load_planetoid(root: str | Path, name: str, normalize_features: bool = True,
     onehot = np.vstack([ally, ty_full])
     n = features.shape[0]
 
-    if not isinstance(graph, dict):
-        raise DataFormatError(d / f"ind.{name}.graph", None, f"expected a dict of neighbour lists, got {type(graph).__name__}")
-    src, dst = [], []
-    for u, nbrs in graph.items():
-        for v in nbrs:
-            src.append(int(u))
-            dst.append(int(v))
+    src, dst = _edges(graph, part["graph"])
     e = np.asarray([src, dst], dtype=np.int64)
     if e.size and (e.min() < 0 or e.max() >= n):
         raise DataFormatError(d / f"ind.{name}.graph", None, f"node id outside 0..{n - 1}")
