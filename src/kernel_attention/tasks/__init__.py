@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from kernel_attention.registry import Param, Registry, SpecError
 from kernel_attention.tasks.classification import ClassificationTask
+from kernel_attention.tasks.data_source import check_data_section
 from kernel_attention.tasks.language_modeling import LanguageModelingTask
 from kernel_attention.tasks.node_classification import NodeClassificationTask
 from kernel_attention.tasks.regression import RegressionTask
@@ -67,5 +68,6 @@ def build_task(config: Mapping[str, Any]) -> Task:
     """The task a config describes (sections ``task``, ``model``, ``data``, ``eval``, ``seed``)."""
     if "task" not in config or config["task"] is None:
         raise SpecError(f"the config has no 'task' section; accepted task names: {', '.join(TASKS.names())}")
+    check_data_section(config.get("data"))  # every task, also those that read no data: no key is ignored
     return TASKS.create(config["task"], model=config.get("model"), data=config.get("data"),
                         eval=config.get("eval"), seed=int(config.get("seed", 0) or 0))

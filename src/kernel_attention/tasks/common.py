@@ -49,7 +49,8 @@ def check_options(given: Mapping[str, Any] | None, accepted: Mapping[str, Any], 
     given = dict(given or {})
     unknown = sorted(set(given) - set(accepted))
     if unknown:
-        raise SpecError(f"unknown {where} option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)}")
+        ok = ", ".join(accepted) if accepted else "none (this task has no such options)"
+        raise SpecError(f"unknown {where} option(s) {', '.join(unknown)}; accepted: {ok}")
     return {**accepted, **given}
 
 

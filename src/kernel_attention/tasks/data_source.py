@@ -2,7 +2,13 @@
 
     data: {dataset: wikitext-2}                       # from the dataset registry (files under the data root)
     data: {dataset: {name: wikitext-2, root: /data}}
+    data: {dataset: wikitext-2, root: /data}          # the same: ``root`` is the data root of the dataset
     data: {dataset: <LMCorpus | TranslationData | ...>}   # Python API / tests: an object is used as is
+
+``dataset`` and ``root`` are the section's only keys (:data:`DATA_KEYS`); any other fails naming them,
+as an unknown key of every other section does.  ``data.root=DIR`` on the command line is the natural way
+to point a shipped config at a copy of the data; a ``root`` inside the dataset spec that says otherwise
+is a contradiction and fails.
 
 Unknown dataset names fail listing the registered ones; missing files fail with the path to place them
 at (:class:`~kernel_attention.data.files.MissingDataError`).
@@ -14,14 +20,42 @@ from typing import Any, Mapping
 
 from kernel_attention.registry import SpecError
 
-__all__ = ["load_dataset", "check_dataset_spec"]
+__all__ = ["DATA_KEYS", "load_dataset", "check_dataset_spec", "check_data_section"]
+
+#: the keys of a ``data:`` section, with what each holds
+DATA_KEYS = {"dataset": "a dataset name such as 'wikitext-2', or a mapping {name: ..., root: ...}",
+             "root": "the data root the dataset's files are read from (default: $KERNEL_ATTENTION_DATA, "
+                     "../shared/data, ~/.cache/kernel-attention)"}
+
+
+def check_data_section(data: Any) -> None:
+    """Fail on a ``data:`` section that is not a mapping or has a key other than :data:`DATA_KEYS`."""
+    if data is None:
+        return
+    if not isinstance(data, Mapping):
+        raise SpecError(f"the data section must be a mapping with keys {', '.join(DATA_KEYS)}, got {data!r}")
+    unknown = sorted(str(k) for k in data if k not in DATA_KEYS)
+    if unknown:
+        raise SpecError(f"unknown data option(s) {', '.join(unknown)}; accepted: {', '.join(DATA_KEYS)}")
+    root = data.get("root")
+    if root is not None and (not isinstance(root, str) or not root.strip()):
+        raise SpecError(f"data.root must be a folder path, got {root!r}")
 
 
 def _spec(data: Mapping[str, Any] | None, where: str) -> Any:
+    """The dataset spec of a ``data:`` section, with ``data.root`` folded in as the spec's ``root``."""
+    check_data_section(data)
     if not data or data.get("dataset") is None:
         raise SpecError(f"{where} needs data.dataset (a dataset name such as 'wikitext-2', or a mapping "
                         f"{{name: ..., root: ...}})")
-    return data["dataset"]
+    spec, root = data["dataset"], data.get("root")
+    if root is None or not isinstance(spec, (str, Mapping)):
+        return spec
+    from kernel_attention.registry import parse_spec
+    name, params = parse_spec(spec)
+    if params.get("root") not in (None, root):
+        raise SpecError(f"data.root={root!r} and data.dataset's root={params['root']!r} disagree; give one of them")
+    return {"name": name, **params, "root": root}
 
 
 def check_dataset_spec(data: Mapping[str, Any] | None, where: str, kinds: tuple[str, ...]) -> None:

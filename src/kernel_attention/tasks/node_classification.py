@@ -16,7 +16,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from kernel_attention.tasks.common import model_spec
+from kernel_attention.tasks.common import check_options, model_spec
 from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
 from kernel_attention.training.metrics import accuracy
 from kernel_attention.training.task import Task
@@ -30,6 +30,7 @@ class NodeClassificationTask(Task):
 
     def __init__(self, *, model: Any = None, data: dict | None = None, eval: dict | None = None, seed: int = 0):
         check_dataset_spec(data, "task 'node_classification'", ("graph",))
+        check_options(eval, {}, "eval")  # this task evaluates one way: an eval key would be ignored
         self.model_spec = model_spec(model, "node_classifier", ["node_classifier"])
         self.data, self.seed, self._graph = data, seed, None
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from kernel_attention.registry import SpecError
-from kernel_attention.tasks.common import generator, model_spec
+from kernel_attention.tasks.common import check_options, generator, model_spec
 from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
 from kernel_attention.training.metrics import rmse
 from kernel_attention.training.task import Task, unwrap
@@ -42,6 +42,7 @@ class RegressionTask(Task):
                  valid_fraction: float = 0.1, *, model: Any = None, data: dict | None = None,
                  eval: dict | None = None, seed: int = 0):
         check_dataset_spec(data, "task 'regression'", ("regression",))
+        check_options(eval, {}, "eval")  # this task evaluates one way: an eval key would be ignored
         if scale not in ("minmax", "standard", "none"):
             raise SpecError(f"task 'regression': scale={scale!r} is not one of ['minmax', 'standard', 'none']")
         if not 0 <= split < n_splits:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from typing import Any
 
@@ -13,6 +14,44 @@ import torch
 from kernel_attention.training.schedules import SCHEDULES
 
 __all__ = ["TrainConfig", "seed_everything"]
+
+#: numeric fields: (int or float, lowest accepted value or None, what is accepted); a None value is
+#: accepted only where the field's default is None.  Checked up front, so that ``train.lr=nan`` or
+#: ``train.log_every=0`` fails naming the key before any work instead of as a NaN loss or a
+#: ZeroDivisionError some steps in.
+_NUMBERS: dict[str, tuple[type, float | None, str]] = {
+    "seed": (int, None, "an integer"),
+    "max_steps": (int, 1, "an integer >= 1 (or null)"),
+    "max_epochs": (int, 1, "an integer >= 1 (or null)"),
+    "lr": (float, 0, "a finite number > 0"),
+    "eps": (float, 0, "a finite number > 0"),
+    "weight_decay": (float, 0, "a finite number >= 0"),
+    "clip_norm": (float, 0, "a finite number >= 0 (0 = no clipping)"),
+    "accum_steps": (int, 1, "an integer >= 1"),
+    "regularization_weight": (float, 0, "a finite number >= 0"),
+    "log_every": (int, 1, "an integer >= 1"),
+    "eval_every": (int, 0, "an integer >= 0 (0 = only at the end)"),
+    "checkpoint_every": (int, 0, "an integer >= 0 (0 = only at the end)"),
+    "checkpoint_minutes": (float, 0, ">= 0 (0 = off), a finite number of minutes"),
+    "stop_after": (int, 0, "an integer >= 0 (or null)"),
+}
+_STRICT = ("lr", "eps")  # > low, not >= low
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _checked(name: str, value: Any, kind: type, low: float | None, rule: str) -> Any:
+    """``value`` as ``kind`` if it is what ``train.<name>`` accepts, else a ValueError naming both."""
+    if value is None and "null" in rule:
+        return None
+    bad = ValueError(f"train.{name} must be {rule}, got {value!r}")
+    if not _is_number(value) or (kind is int and float(value) != int(value)):
+        raise bad
+    if low is not None and (value <= low if name in _STRICT else value < low):
+        raise bad
+    return int(value) if kind is int else float(value)
 
 
 @dataclasses.dataclass
@@ -38,7 +77,8 @@ class TrainConfig:
     checkpoint_minutes: float = 10.0    # also write last.pt once this long has passed since the last write
                                         # (checked on logged steps; 0 = off), so a kill loses at most that
     test_best: bool = True              # at the end, also evaluate best.pt on "test"
-    progress: bool | None = None        # tqdm bar; None = only on a TTY, rank 0
+    progress: bool | None = None        # tqdm bar; None = on a TTY, else plain lines every log_every steps
+                                        # (rank 0); false = neither
     tensorboard: bool = False
     device: str | None = None           # None = cuda:LOCAL_RANK if available else cpu
     stop_after: int | None = None       # simulate a kill after this global step (tests)
@@ -46,15 +86,23 @@ class TrainConfig:
     def __post_init__(self):
         if self.max_steps is None and self.max_epochs is None:
             raise ValueError("TrainConfig needs max_steps or max_epochs")
+        for name, (kind, low, rule) in _NUMBERS.items():
+            setattr(self, name, _checked(name, getattr(self, name), kind, low, rule))
+        for name in ("test_best", "tensorboard") + (("progress",) if self.progress is not None else ()):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"train.{name} must be true or false{' (or null)' if name == 'progress' else ''}, "
+                                 f"got {getattr(self, name)!r}")
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer {self.optimizer!r} is not one of ['adam', 'adamw']")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision {self.precision!r} is not one of ['fp32', 'bf16', 'fp16']")
-        if self.checkpoint_minutes < 0:
-            raise ValueError(f"checkpoint_minutes must be >= 0 (0 = off), got {self.checkpoint_minutes}")
-        if self.accum_steps < 1:
-            raise ValueError(f"accum_steps must be >= 1, got {self.accum_steps}")
-        self.betas = tuple(float(b) for b in self.betas)
+        if self.device is not None and not isinstance(self.device, str):
+            raise ValueError(f"train.device must be a device name such as cpu or cuda:0 (or null), got {self.device!r}")
+        betas = self.betas
+        if (not isinstance(betas, (list, tuple)) or len(betas) != 2
+                or not all(_is_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"train.betas must be two numbers in [0, 1), e.g. [0.9, 0.98], got {betas!r}")
+        self.betas = tuple(float(b) for b in betas)
         SCHEDULES.validate(self.schedule)  # fail before any work on a bad schedule name / parameter
 
     @classmethod
