@@ -60,3 +60,65 @@ def test_cuda_generator_states_are_restored_per_device_from_cpu_tensors(monkeypa
     got.clear()
     set_rng_state({**state, "cuda": None})  # a checkpoint written without a GPU restores none
     assert got == []
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty \\(0 bytes\\)"),
+    (bytes(range(256)) * 4, "is damaged or not a PyTorch file"),
+    ("half", "is damaged \\(truncated or overwritten\\?\\)"),
+])
+def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, content, message):
+    from kernel_attention.training.checkpoint import CheckpointError
+
+    path = save_checkpoint(tmp_path / "last.pt", {"model": {"w": torch.zeros(64)}, "step": 1})
+    if content == "half":
+        content = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} {message}") as e:
+        load_checkpoint(path)
+    assert e.value.path == path
+
+
+def test_a_refused_pickle_is_a_checkpoint_error(tmp_path):
+    import argparse
+
+    from kernel_attention.training.checkpoint import CheckpointError
+
+    torch.save({"format": "kernel-attention-checkpoint", "x": argparse.Namespace()}, tmp_path / "x.pt")
+    with pytest.raises(CheckpointError, match="refused because loading them could run code .*argparse.Namespace"):
+        load_checkpoint(tmp_path / "x.pt")
+
+
+def test_another_models_weights_are_named_not_listed_raw(tmp_path):
+    from kernel_attention.training.checkpoint import CheckpointError, load_model_state
+
+    state = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2)).state_dict()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    with pytest.raises(CheckpointError, match=r"x.pt was written by a different model than this config builds: it has "
+                                              r"2 weights this model does not \(1.weight, 1.bias\); 1 weights have "
+                                              r"another shape \(checkpoint's, then this model's: 0.weight \(2, 3\) here "
+                                              r"\(2, 4\)\)"):
+        load_model_state(model, state, tmp_path / "x.pt")
+
+
+def test_a_full_disk_says_so(tmp_path, monkeypatch):
+    import errno
+
+    import kernel_attention.training.checkpoint as checkpoint
+
+    def full(obj, f, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(checkpoint.CheckpointError, match="cannot write checkpoint .*last.pt: No space left on device"):
+        save_checkpoint(tmp_path / "last.pt", {"step": 1})
+    assert list(tmp_path.iterdir()) == []   # no temporary file left behind
+
+    def zip_writer_fails(obj, f, *a, **k):  # what torch's zip writer raises on a full disk: no errno
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(checkpoint.torch, "save", zip_writer_fails)
+    monkeypatch.setattr(checkpoint, "_free_bytes", lambda folder: 1024)
+    with pytest.raises(checkpoint.CheckpointError, match="No space left on device \\(0 MiB free there\\)"):
+        save_checkpoint(tmp_path / "last.pt", {"step": 1})

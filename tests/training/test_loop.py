@@ -220,3 +220,42 @@ def test_wall_time_counts_on_across_a_resume(tmp_path, monkeypatch):
     assert walls(tmp_path / "part") == walls(tmp_path / "full")
     assert [w for s, split, w in walls(tmp_path / "full") if split == "train"] == [60.0 * s for s in range(1, 8)]
     assert load_checkpoint(tmp_path / "part" / "last.pt")["elapsed_s"] == 420.0
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("max_steps", "abc", "an integer >= 1"), ("max_steps", -5, "an integer >= 1"), ("max_steps", 2.5, "an integer"),
+    ("log_every", 0, "an integer >= 1"), ("lr", float("nan"), "a finite number > 0"), ("lr", "nan", "a finite number"),
+    ("lr", -1, "a finite number > 0"), ("lr", 0, "a finite number > 0"), ("clip_norm", -1, "a finite number >= 0"),
+    ("eval_every", -1, "an integer >= 0"), ("checkpoint_every", True, "an integer"),
+    ("progress", "yes", "true or false"), ("betas", [0.9], "two numbers in \\[0, 1\\)"),
+])
+def test_train_values_are_checked_naming_the_key_and_what_is_accepted(field, value, accepted):
+    with pytest.raises(ValueError, match=f"train.{field} must be {accepted}.*got"):
+        TrainConfig.from_dict({"max_steps": 3, field: value})
+
+
+def test_the_test_split_is_evaluated_once_when_the_best_step_is_the_last(tmp_path):
+    """With no evaluation before the end, the final valid evaluation is the best one and best.pt holds
+    the final weights: their test numbers are the final ones, not a second pass over the test set."""
+    calls = []
+
+    class Counting(ToyTask):
+        def evaluate(self, model, split):
+            calls.append(split)
+            return super().evaluate(model, split)
+
+    out = Trainer(Counting(), _cfg(max_steps=3, eval_every=0, checkpoint_every=0), tmp_path).fit()
+    assert calls.count("test") == 1 and out["best"]["step"] == 3
+    assert out["best_test"] == out["final"]["test"]
+    best = [r for r in _records(tmp_path) if r.get("checkpoint") == "best"]
+    assert len(best) == 1 and best[0]["loss"] == out["final"]["test"]["loss"]   # the record is still written
+
+
+def test_plain_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    Trainer(ToyTask(), _cfg(max_steps=4, log_every=2, progress=None, accum_steps=1), tmp_path).fit()
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("step ")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("step 2/4 (50%)  loss ") and "tokens/s" in lines[0] and "ETA " in lines[0]
+    assert lines[1].startswith("step 4/4 (100%)")
+    Trainer(ToyTask(), _cfg(max_steps=2, progress=False), tmp_path / "quiet").fit()
+    assert "step " not in capsys.readouterr().err                                  # progress=false: nothing

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernel_attention.tasks.common import generator, model_spec
+from kernel_attention.tasks.common import check_options, generator, model_spec
 from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
 from kernel_attention.training.metrics import accuracy
 from kernel_attention.training.task import Task
@@ -29,10 +29,12 @@ __all__ = ["ClassificationTask"]
 class ClassificationTask(Task):
     metric_for_selection = "accuracy"
     higher_is_better = True
+    throughput_unit = "examples"  # batch_tokens counts sentences
 
     def __init__(self, batch_size: int = 50, fold: int = 0, folds: int = 10, max_len: int = 100, min_freq: int = 1,
                  *, model: Any = None, data: dict | None = None, eval: dict | None = None, seed: int = 0):
         check_dataset_spec(data, "task 'classification'", ("classification",))
+        check_options(eval, {}, "eval")  # this task evaluates one way: an eval key would be ignored
         self.batch_size, self.fold, self.folds, self.max_len, self.min_freq = batch_size, fold, folds, max_len, min_freq
         self.seed = seed
         self.model_spec = model_spec(model, "classifier", ["classifier"])

@@ -21,7 +21,9 @@ then, on multiples of ``log_every`` / ``eval_every`` / ``checkpoint_every`` step
 have passed since it was last written (the ranks decide on their mean elapsed time, reduced with the
 train record, so that they all call the collective save together).  Training stops at ``max_steps``
 updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and "test" are evaluated,
-``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too.
+``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too (unless
+they are the final weights, best at the last step: their test numbers are then the final ones, and the test
+split is evaluated once).
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
 "valid" | "test", <metrics>, "wall_s"}``; train records also carry ``planned_steps`` where the run's length
@@ -53,14 +55,16 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from kernel_attention.training import distributed as D
-from kernel_attention.training.checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state
+from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
+                                                  set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
+from kernel_attention.training.progress_line import ProgressLines
 from kernel_attention.training.run_log import RunLog
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task
@@ -77,14 +81,16 @@ SINCE_SAVE = "_since_save_s"
 class Trainer:
     """Trains ``task``'s model under ``config``, writing into ``run_dir`` (see the module docstring).
 
-    ``resume=True`` continues from ``run_dir/last.pt`` when it exists.  ``extra`` is stored in every
-    checkpoint under ``"extra"`` (e.g. the model/task config needed to rebuild the model later).
+    ``resume=True`` continues from ``run_dir/last.pt`` when it exists; ``resume_check``, if given, is called
+    with that checkpoint first and may raise to refuse it (the command line's check that the config did not
+    change).  ``extra`` is stored in every checkpoint under ``"extra"`` (e.g. the model/task config needed to
+    rebuild the model later).
     Attributes after construction: ``model`` (possibly DDP-wrapped), ``raw_model``, ``optimizer``,
     ``schedule``, ``step``, ``epoch``, ``position``, ``best``, ``info`` (:class:`~.distributed.DistInfo`).
     """
 
     def __init__(self, task: Task, config: TrainConfig, run_dir: str | os.PathLike, resume: bool = True,
-                 extra: dict[str, Any] | None = None):
+                 extra: dict[str, Any] | None = None, resume_check: Callable[[dict], None] | None = None):
         self.task, self.config, self.run_dir, self.extra = task, config, Path(run_dir), dict(extra or {})
         self.info = D.setup(config.device)
         self.device = self.info.device
@@ -118,7 +124,10 @@ class Trainer:
         self.resumed_elapsed = 0.0  # seconds of training up to the checkpoint resumed from
         self._t0: float | None = None  # when fit() began in this process
         if resume and (self.run_dir / "last.pt").is_file():
-            self._restore(load_checkpoint(self.run_dir / "last.pt", map_location=self.device))
+            ck = load_checkpoint(self.run_dir / "last.pt", map_location=self.device)
+            if resume_check is not None:
+                resume_check(ck)
+            self._restore(ck)
         else:  # a run killed before its first checkpoint starts again from step 0: its records go too
             self.metrics.truncate(0)
         self.model = D.wrap_model(self.raw_model, self.device)
@@ -148,7 +157,7 @@ class Trainer:
         self._saved_at = time.time()
 
     def _restore(self, ck: dict[str, Any]) -> None:
-        self.raw_model.load_state_dict(ck["model"])
+        load_model_state(self.raw_model, ck["model"], self.run_dir / "last.pt")
         self.optimizer.load_state_dict(ck["optimizer"])
         if ck.get("scaler") is not None and self.scaler.is_enabled():
             self.scaler.load_state_dict(ck["scaler"])
@@ -269,12 +278,20 @@ class Trainer:
         return total
 
     def _progress(self):
+        """The tqdm bar (disabled unless ``progress`` is true, or None on a terminal), and the plain
+        progress lines (:mod:`.progress_line`) that replace it when ``progress`` is None and stderr is not a
+        terminal (None where they are off)."""
         c = self.config
-        enabled = c.progress if c.progress is not None else sys.stderr.isatty()
+        tty = sys.stderr.isatty()
+        enabled = c.progress if c.progress is not None else tty
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.planned_steps, initial=self.step, disable=not (enabled and self.is_main), unit="step",
-                    dynamic_ncols=True)
+        bar = tqdm(total=self.planned_steps, initial=self.step, disable=not (enabled and self.is_main), unit="step",
+                   dynamic_ncols=True)
+        lines = None
+        if c.progress is None and not tty and self.is_main:
+            lines = ProgressLines(self.planned_steps, self.step, getattr(self.task, "throughput_unit", "tokens"))
+        return bar, lines
 
     def fit(self) -> dict[str, Any]:
         """Train until max_steps / max_epochs (or ``stop_after``); returns a summary dict with ``step``,
@@ -287,7 +304,7 @@ class Trainer:
         stop_after = c.stop_after if c.stop_after is not None else (
             int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
         self.metrics.open()
-        bar = self._progress()
+        bar, lines = self._progress()
         acc: dict[str, float] = {}
         t_last, steps_since, tokens_since = time.time(), 0, 0
         try:
@@ -320,6 +337,9 @@ class Trainer:
                         post = {"loss": f"{vals['loss']:.4g}", "lr": f"{vals['lr']:.3g}"}
                         post.update({k.replace("_per_s", "/s"): v for k, v in rate.items()})
                         bar.set_postfix(post, refresh=False)
+                        if lines is not None:
+                            lines.update(self.step, vals["loss"], vals["lr"], rate.get("tokens_per_s"),
+                                         rate["steps_per_s"])
                         acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
                     if c.eval_every and self.step % c.eval_every == 0:
                         self._validate()
@@ -353,9 +373,13 @@ class Trainer:
         self.finished = True
         self.save("last.pt")
         if self.is_main and self.config.test_best and (self.run_dir / "best.pt").is_file():
-            model = self.task.build_model().to(self.device)
-            model.load_state_dict(load_checkpoint(self.run_dir / "best.pt", self.device)["model"])
-            test = self.evaluate("test", model)
+            if self.best["step"] == self.step:  # best.pt holds the weights just tested: the test set is read once
+                test = out["final"]["test"]
+            else:
+                model = self.task.build_model().to(self.device)
+                load_model_state(model, load_checkpoint(self.run_dir / "best.pt", self.device)["model"],
+                                 self.run_dir / "best.pt")
+                test = self.evaluate("test", model)
             out["best_test"] = test
             self.log({"split": "test", **test, "checkpoint": "best", "best_step": self.best["step"]})
         D.barrier()

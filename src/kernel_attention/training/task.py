@@ -68,6 +68,8 @@ class Task(abc.ABC):
     metric_for_selection: str = "loss"
     #: whether a larger ``metric_for_selection`` is better (accuracy, BLEU) or worse (loss, ppl, RMSE)
     higher_is_better: bool = False
+    #: what :meth:`batch_tokens` counts, as the progress lines name it ("tokens", or "examples")
+    throughput_unit: str = "tokens"
     #: set by the trainer before training starts
     device: torch.device = torch.device("cpu")
 
