@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import textwrap
 from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["Param", "Entry", "Registry", "parse_spec", "SpecError"]
@@ -124,6 +125,18 @@ def _accepted(factory: Callable, context: dict) -> dict:
     return {k: v for k, v in context.items() if k in sig.parameters}
 
 
+def _summary(docstring: str | None) -> str:
+    """The first paragraph of a docstring on one line: the whole first sentence or more, never its first
+    physical line alone (which stops wherever the source wrapped, mid-sentence)."""
+    paragraphs = [q for q in (docstring or "").strip().split("\n\n") if q.strip()] or [""]
+    text = " ".join(paragraphs[0].split())
+    for more in paragraphs[1:]:  # "... one factor per feature axis:" goes on with what it announces
+        if not text.endswith(":"):
+            break
+        text += " " + " ".join(more.split())
+    return text
+
+
 def parse_spec(spec: Any) -> tuple[str, dict]:
     """Split a spec (string, mapping or pair) into ``(name, params)``; values stay as given."""
     if isinstance(spec, str):
@@ -161,7 +174,7 @@ class Registry:
         def wrap(factory: Callable) -> Callable:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
-            text = doc or (factory.__doc__ or "").strip().split("\n")[0]
+            text = doc or _summary(factory.__doc__)
             self._entries[name] = Entry(name, factory, tuple(params), text)
             return factory
 
@@ -215,6 +228,6 @@ class Registry:
         for name in self.names():
             e = self._entries[name]
             lines.append(f"  {e.signature()}")
-            if e.doc:
-                lines.append(f"      {e.doc}")
+            if e.doc:  # wrapped here: the --help formatters that keep our layout do not wrap it
+                lines.append(textwrap.fill(e.doc, width=100, initial_indent="      ", subsequent_indent="      "))
         return "\n".join(lines)

@@ -2,6 +2,11 @@
 
 Each sub-command lives in its own module of this package and exposes ``add_parser(subparsers)`` (which
 returns the sub-parser) and ``run(args) -> int``.  The list below is the only place that names them.
+
+Commands that take ``key=value`` overrides (a positional ``overrides`` list) accept them anywhere on the
+line, before or after the options (``evaluate RUN --split test eval.beam=5``): argparse fills a positional
+list only from the first run of positionals, so :func:`main` gives it the ``key=value`` words that follow
+the options too.  The commands of :data:`THREADED` take ``--threads N`` (:mod:`.threads`).
 """
 
 from __future__ import annotations
@@ -10,8 +15,14 @@ import argparse
 import importlib
 import sys
 
+from kernel_attention.cli.threads import add_threads_option, apply_threads
+
 # Sub-command modules, in the order ``--help`` shows them.
 COMMANDS = ["check", "data", "bench", "train", "evaluate", "translate", "generate", "run", "study"]
+
+# Commands that compute in this process and get ``--threads N`` (bench and study have their own; run
+# gives each worker one thread).
+THREADED = ("check", "train", "evaluate", "translate", "generate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f"kernel_attention.cli.{name}")
         p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+        if name in THREADED:
+            add_threads_option(p)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
@@ -36,10 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     from kernel_attention.malloc import configure
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if getattr(args, "_run", None) is None:
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         parser.print_help()
         return 2
+    if rest and isinstance(getattr(args, "overrides", None), list):
+        late = [a for a in rest if "=" in a and not a.startswith("-")]  # key=value words after the options
+        args.overrides.extend(late)
+        rest = [a for a in rest if a not in late]
+    if rest:
+        args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    apply_threads(args)
     configure()  # per-block CPU tensors from the heap (kernel_attention.malloc says which and why)
     return int(args._run(args) or 0)
 

@@ -2,7 +2,8 @@
 
 CHECKPOINT is a ``best.pt`` / ``last.pt`` written by ``train`` (or its run directory: best.pt is used).
 The task and data are rebuilt from the config stored in the checkpoint; overrides change it for this
-evaluation only, e.g. ``eval.beam=5`` or ``eval.mem_len=640 eval.clamp_len=400``.  Prints JSON.
+evaluation only, e.g. ``eval.beam=5`` or ``eval.mem_len=640 eval.clamp_len=400``, before or after the
+options.  Prints JSON.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import sys
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from kernel_attention.cli.config_keys import describe_config_keys
+
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on valid/test",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=describe_config_keys())
     p.add_argument("checkpoint")
     p.add_argument("overrides", nargs="*", help="section.key=value changes to the stored config")
     p.add_argument("--split", default="test", choices=("valid", "test"))

@@ -23,7 +23,9 @@ import torch
 
 from kernel_attention.config import ConfigError, dump_config
 from kernel_attention.tasks import build_task
+from kernel_attention.tasks.resume_check import check_resume_config
 from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
+from kernel_attention.training.checkpoint import load_model_state
 from kernel_attention.training.task import Task
 
 __all__ = ["prepare", "train", "load_run", "run_dir_of", "build_checked"]
@@ -70,13 +72,25 @@ def run_dir_of(cfg: Mapping[str, Any], default: str | Path | None = None) -> Pat
     return Path("runs") / str(run.get("name") or "run")
 
 
-def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True) -> dict[str, Any]:
-    """Check, then train; returns the Trainer summary with the final valid/test metrics."""
+def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True,
+          allow_config_change: bool = False) -> dict[str, Any]:
+    """Check, then train; returns the Trainer summary with the final valid/test metrics.
+
+    A resume from ``run_dir/last.pt`` whose stored config differs from ``cfg`` (other than in
+    :data:`~kernel_attention.tasks.resume_check.FREE_KEYS`) fails naming the changed keys, unless
+    ``allow_config_change``; so does one whose checkpoint is damaged or from another model
+    (:class:`~kernel_attention.training.checkpoint.CheckpointError`).  ``config.yaml`` is written only once
+    the resume is accepted, so a refused command leaves the run directory as it was."""
     task, train_cfg = prepare(cfg)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def check(ck: dict[str, Any]) -> None:
+        stored = (ck.get("extra") or {}).get("config")
+        check_resume_config(stored, cfg, allow_config_change, f"run directory {run_dir} (last.pt, step {ck.get('step')})")
+
+    trainer = Trainer(task, train_cfg, run_dir, resume=resume, extra={"config": copy.deepcopy(dict(cfg))},
+                      resume_check=check)
     dump_config(cfg, run_dir)
-    trainer = Trainer(task, train_cfg, run_dir, resume=resume, extra={"config": copy.deepcopy(dict(cfg))})
     return trainer.fit()
 
 
@@ -101,7 +115,7 @@ def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
             cfg[key] = value
     task = build_task(cfg)
     model = task.build_model()
-    model.load_state_dict(ck["model"])
+    load_model_state(model, ck["model"], path)
     task.device = torch.device(device)
     model.to(task.device).eval()
     return task, model, cfg
