@@ -53,8 +53,11 @@ def trained(tmp_path, capsys):
     ("train.clip_norm=-1", "train.clip_norm must be a finite number >= 0 (0 = no clipping), got -1"),
     ("train.eval_every=-1", "train.eval_every must be an integer >= 0 (0 = only at the end), got -1"),
     ("data.bogus=1", "unknown data option(s) bogus; accepted: dataset, root"),
+    ("eval.beam=0", "eval.beam must be an integer >= 1 (1 = greedy), got 0"),
+    ("eval.len_penalty=.nan", "eval.len_penalty must be a finite number, got nan"),
+    ("eval.max_extra=x", "eval.max_extra must be an integer >= 0, got 'x'"),
 ])
-def test_check_rejects_bad_train_and_data_values(tmp_path, capsys, override, message):
+def test_check_rejects_bad_train_eval_and_data_values(tmp_path, capsys, override, message):
     assert main(["train", write(tmp_path, SYNTH), override, "--check"]) == 2
     assert message in one_line(capsys.readouterr().err)
 
