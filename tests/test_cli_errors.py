@@ -157,6 +157,33 @@ def test_a_uci_file_with_nan_exits_2_naming_file_and_line(tmp_path, capsys):
     assert f"{d / 'data.txt'}:2:" in line and "'nan'" in line
 
 
+class _Evil:
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+@pytest.mark.parametrize("graph, message", [
+    (_Evil(), "bad data file: .*ind.cora.graph: refusing to load (__builtin__|builtins).print from a pickle"),
+    ({0: 5}, "bad data file: .*ind.cora.graph: node 0: expected integer node ids"),
+])
+def test_a_refused_or_malformed_planetoid_file_exits_2(tmp_path, capsys, graph, message):
+    import pickle
+
+    import numpy as np
+    d = tmp_path / "planetoid"
+    d.mkdir()
+    eye = np.eye(2)
+    parts = {"x": np.ones((1, 3)), "y": eye[:1], "tx": np.ones((1, 3)), "ty": eye[:1], "allx": np.ones((2, 3)),
+             "ally": eye, "graph": graph}
+    for part, obj in parts.items():
+        (d / f"ind.cora.{part}").write_bytes(pickle.dumps(obj, protocol=2))
+    (d / "ind.cora.test.index").write_text("2\n")
+    cfg = write(tmp_path, {"task": {"name": "node_classification"}, "data": {"dataset": "cora", "root": str(tmp_path)},
+                           "model": {"hidden": 2, "heads": 1}, "train": {"max_steps": 1}})
+    assert main(["train", cfg, "--check"]) == 2
+    assert re.search(message, one_line(capsys.readouterr().err))
+
+
 # -- 4. the command line as people use it -------------------------------------------------------------
 def test_overrides_may_follow_the_options(trained, capsys):
     cfg, run_dir = trained
