@@ -233,3 +233,14 @@ def test_threads_sets_torch_intra_op_threads(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["train", write(tmp_path, SYNTH), "--check", "--threads", "0"])
     assert "must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_run_sets_the_threads_of_each_worker(monkeypatch, capsys):
+    from kernel_attention.cli import run as run_command
+
+    got = []
+    monkeypatch.setattr(torch, "set_num_threads", got.append)
+    cfg = run_command.config("copy", "exp", "none", True, steps=1, seed=0, test_size=4)
+    run_command._one((("exp", "none"), cfg, 2))
+    assert got == [2]
+    assert "--threads N" in _help(["run"], capsys)

@@ -10,7 +10,7 @@ encoder-decoder, decoder self):
 
 ``none`` cannot reverse (without positions the encoder sees a set); the linear kernel is not a valid
 smoother (k < 0), which Transformer Dissection reports as "did not converge".  Runs use two worker processes
-with one thread each; ``--steps`` and ``--jobs`` trade accuracy for time.
+with one thread each (``--threads``); ``--steps`` and ``--jobs`` trade accuracy for time.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+
+from kernel_attention.cli.threads import threads_per_op
 
 GRID = [  # (kernel, position, pe_at_input); per-layer "absolute" is configs/synthetic/reverse.yaml
     ("exp", "none", False),
@@ -36,6 +38,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--task", default="reverse", choices=("copy", "reverse", "sort", "recall", "translation"))
     p.add_argument("--steps", type=int, default=250, help="optimiser updates per run")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--threads", type=threads_per_op, default=1, metavar="N",
+                   help="torch intra-op threads per worker (default 1: the --jobs workers share the cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-size", type=int, default=200, help="test examples per run")
     p.add_argument("--out", default=None, help="also write the table (markdown) to this file")
@@ -63,11 +67,11 @@ def _one(job):
 
     import torch
 
-    torch.set_num_threads(1)
+    label, cfg, threads = job
+    torch.set_num_threads(threads)
     from kernel_attention.tasks.runner import prepare
     from kernel_attention.training import Trainer
 
-    label, cfg = job
     t0 = time.time()
     task, train_cfg = prepare(cfg)
     with tempfile.TemporaryDirectory() as d:
@@ -84,9 +88,10 @@ def run(args) -> int:
     jobs = []
     for kernel, position, at_input in GRID:
         label = (kernel, "absolute at input (Vaswani)" if at_input else position)
-        jobs.append((label, config(args.task, kernel, position, at_input, args.steps, args.seed, args.test_size)))
+        jobs.append((label, config(args.task, kernel, position, at_input, args.steps, args.seed, args.test_size),
+                     args.threads))
     if args.jobs > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
         with ProcessPoolExecutor(args.jobs) as pool:
             results = list(pool.map(_one, jobs))
     else:

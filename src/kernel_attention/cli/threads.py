@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_threads_option", "apply_threads"]
+__all__ = ["threads_per_op", "add_threads_option", "apply_threads"]
 
 
-def _positive(text: str) -> int:
+def threads_per_op(text: str) -> int:
+    """argparse type of ``--threads``: an integer >= 1."""
     try:
         n = int(text)
     except ValueError:
@@ -27,7 +28,7 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
     """Add ``--threads N`` to a sub-command's parser (unless it has its own)."""
     if any("--threads" in a.option_strings for a in p._actions):
         return
-    p.add_argument("--threads", type=_positive, default=None, metavar="N",
+    p.add_argument("--threads", type=threads_per_op, default=None, metavar="N",
                    help="torch intra-op threads (torch.set_num_threads; default: torch's, one per core)")
     p.set_defaults(_threads_option=True)  # commands with their own --threads (bench, study) apply it themselves
 
