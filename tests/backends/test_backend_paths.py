@@ -1,12 +1,15 @@
-"""The fused backend's special paths: the squared path of the implicit kernels, Shaw's banded path and
-FlexAttention's score_mod and block masks (forward on the CPU), each against ``dense`` and with the
-path ``explain`` names."""
+"""The special backends and forms: ``squared`` (the implicit kernels), ``banded`` (Shaw's clipped table),
+``blockwise``'s slice loops (Transformer-XL's relative term, product's shared positions) and FlexAttention's
+score_mod and block masks (forward on the CPU), each against ``dense`` and with the backend and form
+``explain`` names."""
 
 import pytest
 import torch
-from _common import DT, D, H, close, inputs, padding_mask, run
+from _common import NEVER, DT, D, H, capable, chosen, close, inputs, padding_mask, problem, run, sliced_from
 
 import kernel_attention as ka
+from kernel_attention.backends import BackendError
+from kernel_attention.backends.dispatch import resolve_backend
 from kernel_attention.functional import attention, explain
 from kernel_attention.positions import default_positions, make_position
 
@@ -14,30 +17,34 @@ IMPLICIT = ["ikas", "ikans", "ikan", "mikan", "ikan-direct"]
 
 
 @pytest.mark.parametrize("kernel", IMPLICIT)
-def test_fused_squared_path_matches_dense(kernel):
-    """The implicit kernels run as k / sum k per block (backends/squared.py): values and gradients
-    (the spectral density's or ikan-direct's points included) equal dense's under a full, causal,
-    sparse, padding (one sequence keeping no key) and causal & padding filter, and for Tq != Tk."""
+def test_squared_matches_dense(kernel):
+    """The implicit kernels run as k / sum k per block (backends/squared.py), which auto takes: values and
+    gradients (the spectral density's or ikan-direct's points included) equal dense's -- and blockwise's
+    soft-max of log k too, where the kernel is positive -- under a full, causal, sparse, padding (one
+    sequence keeping no key) and causal & padding filter, and for Tq != Tk."""
     cases = ((None, None, 23), ("causal", None, 23), ("local:window=4", None, 23),
              (None, padding_mask(23, empty=True), 23), ("causal", padding_mask(23), 23), (None, None, 11))
     for filt, km, tq in cases:
         q, k, v = inputs(tq, 23)
         kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(DT).eval()
-        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
-        assert "k / sum k" in why and "blocked SDPA" not in why, (filt, why)
-        close(run("fused:block=1024", kernel, "none", filt, key_mask=km, tq=tq),
-               run("dense", kernel, "none", filt, key_mask=km, tq=tq))
+        c = explain(q, k, v, kern, filt, key_mask=km)
+        assert c.name == "squared" and "k / sum k" in c.reasons["squared"], (filt, c)
+        ref = run("dense", kernel, "none", filt, key_mask=km, tq=tq)
+        names = capable(problem(kernel, "none", filt, key_mask=km, tq=tq))
+        assert names[0] == "squared", names
+        for name in names:
+            close(run(f"{name}:block=1024", kernel, "none", filt, key_mask=km, tq=tq), ref)
 
 
-def test_fused_squared_path_in_training_draws_the_spectral_points_once():
+def test_squared_in_training_draws_the_spectral_points_once():
     """In training the R spectral points are sampled per call (in eval mode they are all the posterior
-    mean): the squared path draws them once, as dense does -- same output, gradients (the density's
+    mean): squared draws them once, as dense does -- same output, gradients (the density's
     parameters included) and KL for the same seed."""
     q, k, v = inputs(23, 23)
     kern = ka.make_kernel("mikan", n_heads=H, d_head=D).to(DT).train()
     params = [q, k, v] + [w for w in kern.parameters() if w.requires_grad]
     res = []
-    for backend in ("dense", "fused"):
+    for backend in ("dense", "squared"):
         torch.manual_seed(5)
         out = attention(q, k, v, kern, "causal", backend=backend)
         grads = torch.autograd.grad(out, params, torch.ones_like(out) + out.detach(), allow_unused=True)
@@ -49,16 +56,16 @@ def test_fused_squared_path_in_training_draws_the_spectral_points_once():
 def _dropped_magnitude_reference(kern, q, k, v, filt, key_mask, seed):
     """Magnitude dropout written out densely: log k = log_sim + D ⊙ log_mag / (1 - p) over the whole
     (Tq, Tk) grid, soft-max over the kept keys (0 for a query that keeps none), with D assembled from
-    the masks :class:`SquaredForm` documents (per block of the fused backend's plan, drawn in the
+    the masks :class:`SquaredForm` documents (per block of squared's plan with 1024-element blocks, drawn in the
     block's (B, H, keys, rows) layout from ``block_seed(form.seed, r0, c0)``)."""
     from kernel_attention.backends.chunked import plan_blocks
-    from kernel_attention.backends.fused import FusedBackend
+    from kernel_attention.backends.squared import SquaredBackend
     from kernel_attention.dropout import block_seed, keep_mask
     from kernel_attention.functional import build_problem
 
     p = build_problem(q, k, v, kern, filt, key_mask=key_mask)
     b, h, tq, tk = p.shape
-    keep, blocks = plan_blocks(p.keep, tq, tk, FusedBackend(block=1024)._rows(p, False))
+    keep, blocks = plan_blocks(p.keep, tq, tk, SquaredBackend(block=1024).rows(p))
     torch.manual_seed(seed)
     form = kern.squared_form(q, k)                 # the call's dropout seed, after its spectral points
     torch.manual_seed(seed)
@@ -77,8 +84,8 @@ def _dropped_magnitude_reference(kern, q, k, v, filt, key_mask, seed):
 
 @pytest.mark.parametrize("spec", ["ikan-direct:official=true,p=3.0", "mikan:official=true",
                                   "ikas:magnitude_dropout=0.1", "ikan-direct:official=true,magnitude_dropout=0.5"])
-def test_fused_squared_path_with_magnitude_dropout_matches_a_dense_reference(spec):
-    """In training the official kernels drop each pair's magnitude; the squared path sums the kept and the
+def test_squared_with_magnitude_dropout_matches_a_dense_reference(spec):
+    """In training the official kernels drop each pair's magnitude; squared sums the kept and the
     dropped pairs apart (backends/squared.py).  Values and gradients (q, k, v and the kernel's parameters)
     equal the dense formula with the same masks under a full, causal, sparse, padding (one sequence keeping
     no key) and causal & padding filter and for Tq != Tk, over several blocks; with p = 0.5 the first causal
@@ -89,11 +96,11 @@ def test_fused_squared_path_with_magnitude_dropout_matches_a_dense_reference(spe
     params = [w for w in kern.parameters() if w.requires_grad]
     for filt, km, tq in cases:
         q, k, v = inputs(tq, 40)
-        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
+        why = explain(q, k, v, kern, filt, key_mask=km, backend="squared:block=1024").reasons["squared"]
         assert "k / sum k" in why and "blocks of 16" in why, (filt, why)
         res = []
         for f in (lambda: (torch.manual_seed(7), attention(q, k, v, kern, filt, key_mask=km,
-                                                           backend="fused:block=1024"))[1],
+                                                           backend="squared:block=1024"))[1],
                   lambda: _dropped_magnitude_reference(kern, q, k, v, filt, km, 7)):
             out = f()
             grads = torch.autograd.grad(out, [q, k, v] + params, torch.ones_like(out) + out.detach())
@@ -101,9 +108,9 @@ def test_fused_squared_path_with_magnitude_dropout_matches_a_dense_reference(spe
         close(res[0], res[1])
 
 
-def test_fused_squared_path_with_magnitude_dropout_in_float32_and_gradcheck():
+def test_squared_with_magnitude_dropout_in_float32_and_gradcheck():
     """float32 with queries whose magnitude puts the kept pairs' factor exp(c_i) beyond float32's range
-    (c_i > 88): finite and equal to float64 dense's formula; and ``gradcheck`` of the path with a fixed seed
+    (c_i > 88): finite and equal to float64 dense's formula; and ``gradcheck`` of squared with a fixed seed
     (fails if the backward pass drew other masks)."""
     kern = ka.make_kernel("ikan-direct:official=true,p=3.0", n_heads=H, d_head=D).to(DT).train()
     q, k, v = inputs(40, 40)
@@ -112,27 +119,27 @@ def test_fused_squared_path_with_magnitude_dropout_in_float32_and_gradcheck():
     assert float((form.query_log + form.key_log.amax(-1, keepdim=True)).max().detach()) > 88
     ref = _dropped_magnitude_reference(kern, q32, k, v, "causal", None, 3)
     torch.manual_seed(3)
-    out = attention(q32.float(), k.float(), v.float(), kern.float(), "causal", backend="fused:block=1024")
+    out = attention(q32.float(), k.float(), v.float(), kern.float(), "causal", backend="squared:block=1024")
     kern.double()
     assert bool(torch.isfinite(out).all())
     torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
 
     small = ka.make_kernel("ikan-direct:official=true,magnitude_dropout=0.3", n_heads=1, d_head=4).to(DT).train()
     q, k, v = (torch.randn(1, 1, 48, 4, dtype=DT, requires_grad=True) for _ in range(3))
-    why = explain(q, k, v, small, "causal", backend="fused:block=1024").reasons["fused"]
-    assert "the kernel per block, 3 blocks" in why and "summed apart" in why
+    why = explain(q, k, v, small, "causal", backend="squared:block=1024").reasons["squared"]
+    assert "3 blocks of 21 query rows" in why and "summed apart" in why, why
 
     def f(q, k, v):
         torch.manual_seed(0)
-        return attention(q, k, v, small, "causal", backend="fused:block=1024")
+        return attention(q, k, v, small, "causal", backend="squared:block=1024")
     assert torch.equal(f(q, k, v), f(q, k, v))
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
 @pytest.mark.parametrize("spec", ["ikan-direct:official=true,p=3.0",
                                   "ikan-direct:official=true,magnitude_dropout=0.5"])
-def test_fused_squared_path_with_magnitude_dropout_in_bfloat16(spec):
-    """bfloat16 inputs and parameters in training, magnitude dropout on the squared path: values and
+def test_squared_with_magnitude_dropout_in_bfloat16(spec):
+    """bfloat16 inputs and parameters in training, magnitude dropout on squared: values and
     gradients (q, k, v, the kernel's points) within bfloat16's precision of the float64 formula computed from
     the same rounded inputs and parameters, causal and with padding (one sequence keeping no key).  ikan-direct
     only: the spectral kernels draw their points in the parameters' dtype, so a float64 reference would draw
@@ -140,10 +147,10 @@ def test_fused_squared_path_with_magnitude_dropout_in_bfloat16(spec):
     for filt, km in (("causal", None), (None, padding_mask(40, empty=True))):
         kern = ka.make_kernel(spec, n_heads=H, d_head=D).to(torch.bfloat16).train()
         q, k, v = (x.detach().to(torch.bfloat16).requires_grad_() for x in inputs(40, 40))
-        why = explain(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024").reasons["fused"]
+        why = explain(q, k, v, kern, filt, key_mask=km, backend="squared:block=1024").reasons["squared"]
         assert "summed apart" in why, why
         torch.manual_seed(7)
-        out = attention(q, k, v, kern, filt, key_mask=km, backend="fused:block=1024")
+        out = attention(q, k, v, kern, filt, key_mask=km, backend="squared:block=1024")
         assert out.dtype == torch.bfloat16
         grads = torch.autograd.grad(out, [q, k, v] + list(kern.parameters()), torch.ones_like(out))
         kern.double()                              # the rounded parameters, in float64
@@ -155,11 +162,11 @@ def test_fused_squared_path_with_magnitude_dropout_in_bfloat16(spec):
             assert float((g.double() - r).abs().max() / r.abs().max()) < 8e-2
 
 
-def test_fused_squared_path_range_and_fallbacks():
+def test_squared_range_and_fallbacks():
     """The per-key factor exp(m_j) is taken relative to the largest m of the keys some query keeps:
     a huge key that every query drops does not underflow the others (float32 checked against float64
-    dense); a kept key 40+ log-units above the rest sends the call to the soft-max path, which explain
-    says; ``squared=false`` and bfloat16 as documented."""
+    dense); a kept key 40+ log-units above the rest makes squared refuse the call, which auto then runs on
+    blockwise's soft-max of log k, and explain says so; blockwise on request and bfloat16 as documented."""
     q, k, v = inputs(23, 23)
     km = padding_mask(23)
     k_big = k.detach().clone()
@@ -168,25 +175,32 @@ def test_fused_squared_path_range_and_fallbacks():
     ref = attention(q, k_big, v, kern.to(DT), None, key_mask=km, backend="dense")
     kern = kern.float()
     args = (q.detach().float(), k_big.float(), v.detach().float())
-    assert "k / sum k" in explain(*args, kern, None, key_mask=km, backend="fused").reasons["fused"]
-    out = attention(*args, kern, None, key_mask=km, backend="fused")
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
-    # the same key kept: the soft-max path, still equal to dense
-    why = explain(*args, kern, None, backend="fused").reasons["fused"]
-    assert "blocked SDPA" in why and "squared form is not used: the per-key log factor spans" in why
-    torch.testing.assert_close(attention(*args, kern, None, backend="fused").double(),
-                               attention(q, k_big, v, kern.to(DT), None, backend="dense"), atol=1e-5, rtol=1e-4)
+    c = explain(*args, kern, None, key_mask=km)
+    assert c.name == "squared" and "k / sum k" in c.reasons["squared"], c
+    for backend in ("auto", "squared"):
+        out = attention(*args, kern, None, key_mask=km, backend=backend)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+    # the same key kept: squared refuses, auto runs blockwise, still equal to dense
+    c = explain(*args, kern, None)
+    assert c.name == "blockwise" and "log k per block" in c.reasons["blockwise"], c
+    assert "the per-key log factor spans" in c.reasons["squared"], c
+    with pytest.raises(BackendError, match="the per-key log factor spans"):
+        attention(*args, kern, None, backend="squared")
+    ref = attention(q, k_big, v, kern.to(DT), None, backend="dense")
     kern = kern.float()
-    why = explain(*args, kern, "causal", backend="fused:squared=false").reasons["fused"]
-    assert "squared form is not used: squared=false" in why
-    # a kernel without the form names no squared path, whatever the option says
-    why = explain(*args, ka.make_kernel("rbf-only", n_heads=H, d_head=D), "causal",
-                  backend="fused:squared=false").reasons["fused"]
-    assert "blocked SDPA" in why and "squared" not in why
-    # bfloat16 inputs: the same path, within bfloat16's precision of float64 dense
+    for backend in ("auto", "blockwise"):
+        torch.testing.assert_close(attention(*args, kern, None, backend=backend).double(), ref, atol=1e-5, rtol=1e-4)
+    # blockwise on request for a kernel squared runs (the soft-max of log k per block)
+    why = explain(*args, kern, "causal", backend="blockwise").reasons["blockwise"]
+    assert "log k per block" in why and "k / sum k" not in why, why
+    # a kernel without the form: squared says so, blockwise runs it
+    c = explain(*args, ka.make_kernel("rbf-only", n_heads=H, d_head=D), "causal")
+    assert c.name == "blockwise" and "has no squared form" in c.reasons["squared"], c
+    # bfloat16 inputs: squared again, within bfloat16's precision of float64 dense
     qb, kb, vb = (x.detach().to(torch.bfloat16) for x in (q, k, v))
-    assert "k / sum k" in explain(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused").reasons["fused"]
-    out = attention(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="fused")
+    c = explain(qb, kb, vb, kern.to(torch.bfloat16), "causal")
+    assert c.name == "squared" and "k / sum k" in c.reasons["squared"], c
+    out = attention(qb, kb, vb, kern.to(torch.bfloat16), "causal", backend="squared")
     ref = attention(qb.double(), kb.double(), vb.double(), kern.to(DT), "causal", backend="dense")
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
 
@@ -223,38 +237,43 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
 @pytest.mark.parametrize("filt", [None, "causal"])
 @pytest.mark.parametrize("clip", [1, 3])
-def test_shaw_banded_path_matches_dense(kernel, filt, clip):
+def test_banded_matches_dense(kernel, filt, clip):
     """Shaw's clipped table as shifted causal SDPA calls plus a band (backends/banded.py): values and
-    gradients (q, k, v, the table) equal dense and the blocked path; explain names the path."""
+    gradients (q, k, v, the table) equal dense and blockwise; auto takes banded and explain names it."""
     position = f"shaw:clip={clip}"
     ref = run("dense", kernel, position, filt, tq=29, tk=29)
-    close(run("fused", kernel, position, filt, tq=29, tk=29), ref)
-    close(run("fused:banded=false,block=1024", kernel, position, filt, tq=29, tk=29), ref)
+    close(run("banded", kernel, position, filt, tq=29, tk=29), ref)
+    close(run("blockwise:block=1024", kernel, position, filt, tq=29, tk=29), ref)
     q, k, v = inputs(29, 29)
     pos = make_position(position, d_model=H * D, n_heads=H, d_head=D).to(DT)
     terms = pos.terms(q, k, *default_positions(29, 29, "cpu", True))
-    assert f"shaw clipped at {clip}" in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms, backend="fused"))
-    assert "shaw clipped" not in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms,
-                                             backend="fused:banded=false"))
+    c = explain(q, k, v, kernel=kernel, mask=filt, terms=terms)
+    assert c.name == "banded" and f"shaw clipped at {clip}" in c.reasons["banded"], c
+    assert "shaw clipped" not in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms, backend="blockwise"))
 
 
-def test_shaw_banded_path_not_taken_where_it_does_not_apply():
+def test_banded_not_taken_where_it_does_not_apply():
     """Padding, a short sequence (T <= 4 clip), a memory in front of the segment or a relative value table
-    leave the banded path (and the blocked path still agrees with dense)."""
+    are not banded's (it says why, auto takes blockwise, and blockwise agrees with dense)."""
     q, k, v = inputs(29, 29)
     pos = make_position("shaw:clip=3", d_model=H * D, n_heads=H, d_head=D).to(DT)
     terms = pos.terms(q, k, *default_positions(29, 29, "cpu", True))
     km = padding_mask(29)
-    assert "shaw clipped" not in str(explain(q, k, v, kernel="exp", key_mask=km, terms=terms, backend="fused"))
     short = pos.terms(q[..., :12, :], k[..., :12, :], *default_positions(12, 12, "cpu", True))
-    assert "shaw clipped" not in str(explain(q[..., :12, :], k[..., :12, :], v[..., :12, :], kernel="exp",
-                                             terms=short, backend="fused"))
     mem = pos.terms(q[..., 9:, :], k, *default_positions(20, 29, "cpu", True))
-    assert "shaw clipped" not in str(explain(q[..., 9:, :], k, v, kernel="exp", terms=mem, backend="fused"))
-    close(run("fused", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km),
-           run("dense", "exp", "shaw:clip=3", "padding", tq=29, tk=29, key_mask=km))
-    close(run("fused", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"),
-           run("dense", "exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"))
+    for c, why in ((explain(q, k, v, kernel="exp", key_mask=km, terms=terms), "neither full nor causal"),
+                   (explain(q[..., :12, :], k[..., :12, :], v[..., :12, :], kernel="exp", terms=short),
+                    "is not above 4 x clip"),
+                   (explain(q[..., 9:, :], k, v, kernel="exp", terms=mem), "the default self-attention positions")):
+        assert c.name == "blockwise" and why in c.reasons["banded"], c
+    with pytest.raises(BackendError, match="neither full nor causal"):
+        attention(q, k, v, "exp", key_mask=km, terms=terms, backend="banded")
+    assert "value table" in resolve_backend("banded").supports(
+        problem("exp", "shaw:clip=3", "causal", tq=29, tk=29, value_position="relative"))
+    for kw in (dict(filt="padding", key_mask=km), dict(filt="causal", value_position="relative")):
+        assert capable(problem("exp", "shaw:clip=3", tq=29, tk=29, **kw)) == ["blockwise"]
+        close(run("blockwise", "exp", "shaw:clip=3", tq=29, tk=29, **kw),
+              run("dense", "exp", "shaw:clip=3", tq=29, tk=29, **kw))
 
 
 def test_flex_block_masks_are_kept_for_spec_filters_only():
@@ -282,33 +301,37 @@ def test_flex_block_masks_are_kept_for_spec_filters_only():
 
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
 @pytest.mark.parametrize("filt", [None, "causal", "padding"])
-def test_xl_sliced_path_matches_dense(kernel, filt):
-    """Transformer-XL's relative term with the backward per (head, block, batch element) slice
-    (backends/sliced.py): values and gradients (q, k, v, W_R, u, v) equal dense and the blocked path, in one
-    block or several, with rbf's key bias as a feature or as a mask; explain names the path."""
+def test_xl_slice_loops_match_dense(kernel, filt):
+    """Transformer-XL's relative term on blockwise's slice loops, the backward per (head, block, batch element)
+    slice (backends/sliced.py): values and gradients (q, k, v, W_R, u, v) equal dense and blockwise's per-block
+    form (the loops off in the policy), in one block or several, rbf's key bias entering the slices' term;
+    auto takes blockwise and explain names the form."""
     km = padding_mask(29) if filt == "padding" else None
     ref = run("dense", kernel, "xl", filt, tq=29, tk=29, key_mask=km)
-    for backend in ("fused", "fused:block=1024", "fused:key_bias=mask,block=1024"):
+    for backend in ("blockwise", "blockwise:block=1024"):
         close(run(backend, kernel, "xl", filt, tq=29, tk=29, key_mask=km), ref)
-    close(run("fused:sliced=false,block=1024", kernel, "xl", filt, tq=29, tk=29, key_mask=km), ref)
+    with sliced_from(NEVER):
+        close(run("blockwise:block=1024", kernel, "xl", filt, tq=29, tk=29, key_mask=km), ref)
     q, k, v = inputs(29, 29)
     terms = make_position("xl", d_model=H * D, n_heads=H, d_head=D).to(DT).terms(
         q, k, *default_positions(29, 29, "cpu", True))
-    assert "per (head, block, batch element) slice" in explain(
-        q, k, v, kernel, filt, key_mask=km, terms=terms, backend="fused").reasons["fused"]
-    assert "blocked SDPA" in explain(q, k, v, kernel, filt, key_mask=km, terms=terms,
-                                     backend="fused:sliced=false").reasons["fused"]
+    c = explain(q, k, v, kernel, filt, key_mask=km, terms=terms)
+    assert c.name == "blockwise" and "per (head, block, batch element) slice" in c.reasons["blockwise"], c
+    with sliced_from(NEVER):
+        why = explain(q, k, v, kernel, filt, key_mask=km, terms=terms, backend="blockwise").reasons["blockwise"]
+    assert "SDPA features per block" in why and "slice" not in why, why
 
 
-def test_xl_sliced_path_memory_empty_rows_and_shared_factors():
-    """The sliced path with a memory in front of the segment (Tq < Tk, lower-right causal), with queries whose
+def test_xl_slice_loops_memory_empty_rows_and_shared_factors():
+    """The slice loops with a memory in front of the segment (Tq < Tk, lower-right causal), with queries whose
     filtered set is empty (zero output, finite gradients), and with a relative factor shared by the batch and
     the heads (q side (1, H, Tq, d), table (1, S, d)); an index that is not base + i - j, or dropout, leaves
-    it for the blocked path."""
+    blockwise's per-block form."""
     for filt in ("memory", "causal"):
-        close(run("fused:block=1024", "exp", "xl", filt, tq=11, tk=29), run("dense", "exp", "xl", filt, tq=11, tk=29))
+        close(run("blockwise:block=1024", "exp", "xl", filt, tq=11, tk=29),
+              run("dense", "exp", "xl", filt, tq=11, tk=29))
     km = padding_mask(23, empty=True)
-    out, grads = run("fused:block=1024", "exp", "xl", None, key_mask=km)
+    out, grads = run("blockwise:block=1024", "exp", "xl", None, key_mask=km)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert all(torch.isfinite(g).all() for g in grads if g is not None)
     close((out, grads), run("dense", "exp", "xl", None, key_mask=km))
@@ -319,37 +342,52 @@ def test_xl_sliced_path_memory_empty_rows_and_shared_factors():
     table = torch.randn(1, 37, 4, generator=g, dtype=DT).requires_grad_()
     toeplitz = (torch.arange(19)[:, None] - torch.arange(19)[None, :] + 18)[None]
     results = []
-    for backend in ("dense", "fused:block=1024", "fused:sliced=false"):
-        terms = ka.PositionalTerms(relative_factors=[(q_side, table, toeplitz)])
-        out = attention(q, k, v, "exp", "causal", terms=terms, backend=backend)
-        results.append((out, torch.autograd.grad(out, [q, k, v, q_side, table], torch.ones_like(out) + out.detach())))
-        if backend != "dense":
-            why = explain(q, k, v, "exp", "causal", terms=terms, backend=backend).reasons["fused"]
-            assert ("slice" in why) == (backend == "fused:block=1024"), why
+    for backend, loops in (("dense", 1), ("blockwise:block=1024", 1), ("blockwise", NEVER)):
+        with sliced_from(loops):
+            terms = ka.PositionalTerms(relative_factors=[(q_side, table, toeplitz)])
+            out = attention(q, k, v, "exp", "causal", terms=terms, backend=backend)
+            results.append((out, torch.autograd.grad(out, [q, k, v, q_side, table],
+                                                     torch.ones_like(out) + out.detach())))
+            if backend != "dense":
+                why = explain(q, k, v, "exp", "causal", terms=terms, backend=backend).reasons["blockwise"]
+                assert ("slice" in why) == (loops == 1), why
     close(results[1], results[0])
     close(results[2], results[0])
     other = toeplitz.clone()
     other[0, 0, 0] = 3  # not base + i - j at one pair
     for terms, dropout in ((ka.PositionalTerms(relative_factors=[(q_side, table, other)]), 0.0),
                            (ka.PositionalTerms(relative_factors=[(q_side, table, toeplitz)]), 0.1)):
-        why = explain(q, k, v, "exp", "causal", terms=terms, dropout_p=dropout, backend="fused").reasons["fused"]
-        assert "blocked SDPA" in why and "slice" not in why
+        c = explain(q, k, v, "exp", "causal", terms=terms, dropout_p=dropout)
+        why = c.reasons["blockwise"]
+        assert c.name == "blockwise" and "SDPA features per block" in why and "slice" not in why, c
+    torch.manual_seed(0)
+    out = attention(q, k, v, "exp", "causal", terms=ka.PositionalTerms(relative_factors=[(q_side, table, other)]),
+                    backend="blockwise")
+    close((out, torch.autograd.grad(out, [q, k, v, q_side, table], torch.ones_like(out) + out.detach())),
+          (lambda o: (o, torch.autograd.grad(o, [q, k, v, q_side, table], torch.ones_like(o) + o.detach())))(
+              attention(q, k, v, "exp", "causal", terms=ka.PositionalTerms(relative_factors=[(q_side, table, other)]),
+                        backend="dense")))
 
 
 @pytest.mark.parametrize("kernel", ["exp", "rbf"])
-def test_product_sliced_path_matches_dense(kernel):
-    """product's positions shared by the batch on the sliced path (one (rows, Tk) term per head and block for
-    the whole batch, the backward per slice): values and gradients (W_T's summed over the batch) equal dense
-    and the blocked path (sliced=false), in one block or several, under full, causal, local and padding
-    filters (queries with an empty set included)."""
+def test_product_slice_loops_match_dense(kernel):
+    """product's positions shared by the batch on blockwise's slice loops (one (rows, Tk) term per head and block
+    for the whole batch, the backward per slice): values and gradients (W_T's summed over the batch) equal dense,
+    blockwise's per-block form (the loops off in the policy) and sdpa's concatenated features, in one block or
+    several, under full, causal, local and padding filters (queries with an empty set included)."""
     for filt, km in ((None, None), ("causal", None), ("local:window=4", None), (None, padding_mask(23, empty=True))):
         ref = run("dense", kernel, "product", filt, key_mask=km)
-        for backend in ("fused", "fused:block=1024", "fused:key_bias=mask,block=1024", "fused:sliced=false,block=1024"):
+        names = capable(problem(kernel, "product", filt, key_mask=km))
+        assert names == (["blockwise"] if filt == "local:window=4" else ["sdpa", "blockwise"]), names
+        for backend in names + ["blockwise:block=1024"]:
             close(run(backend, kernel, "product", filt, key_mask=km), ref)
+        with sliced_from(NEVER):
+            close(run("blockwise:block=1024", kernel, "product", filt, key_mask=km), ref)
     q, k, v = inputs(23, 23)
     terms = make_position("product", d_model=H * D, n_heads=H, d_head=D).to(DT).terms(
         q, k, *default_positions(23, 23, "cpu", True))
-    why = explain(q, k, v, kernel, "causal", terms=terms, backend="fused:block=1024").reasons["fused"]
+    why = explain(q, k, v, kernel, "causal", terms=terms, backend="blockwise:block=1024").reasons["blockwise"]
     assert "shared by the batch" in why and "2 blocks of 16 query rows, " in why and "element) slice" in why, why
-    assert "blocked SDPA" in explain(q, k, v, kernel, "causal", terms=terms,
-                                     backend="fused:sliced=false").reasons["fused"]
+    with sliced_from(NEVER):
+        why = explain(q, k, v, kernel, "causal", terms=terms, backend="blockwise").reasons["blockwise"]
+    assert "SDPA features per block" in why and "slice" not in why, why

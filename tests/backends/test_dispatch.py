@@ -1,11 +1,15 @@
 """The dispatcher picks the expected backend, says why, and runs what ``explain`` names; unsupported
 requests fail clearly."""
 
+import dataclasses
+
 import pytest
 from _common import B, D, DT, H, inputs
 
 import kernel_attention as ka
-from kernel_attention.backends import BACKENDS, BackendError, choose
+from kernel_attention.backends import BACKENDS, ORDER, POLICIES, BackendError, choose
+from kernel_attention.backends.blockwise import BlockwiseBackend
+from kernel_attention.backends.squared import SquaredBackend
 from kernel_attention.functional import attention, explain
 from kernel_attention.positions import default_positions, make_position
 from kernel_attention.registry import SpecError
@@ -16,22 +20,49 @@ def _choice(kernel, mask=None, t=23, d=D, **kw):
 
 
 def test_auto_picks_the_expected_backend():
-    assert _choice("exp").name == "fused"
-    assert _choice("rbf", "causal").name == "fused"
-    assert _choice("periodic", "local:window=2").name == "fused"
+    assert _choice("exp").name == "sdpa"
+    assert _choice("rbf", "causal").name == "sdpa"
+    assert _choice("periodic", "local:window=2").name == "blockwise"
+    assert _choice(ka.make_kernel("ikas", n_heads=H, d_head=D), "causal").name == "squared"
     assert _choice("exp", need_weights=True).name == "dense"
     assert _choice("poly", "causal").name == "dense"  # below the crossover
     assert _choice("linear", "causal", t=300, d=4).name == "linear"
     assert _choice("poly", "causal", t=299, d=24).name == "dense"  # F = 300: crossover at 300 keys
     assert _choice("poly", "causal", t=300, d=24).name == "linear"
+    assert "below its crossover with dense (300 keys for F=300)" in _choice("poly", "causal", t=299, d=24).reasons["linear"]
     c = _choice("poly", "local:window=2", t=300, d=4)
     assert c.name == "dense"
     assert "neither full, causal nor padding" in c.reasons["linear"]
-    assert "direct" in c.reasons["fused"]
-    assert "fall-back" in c.reasons["dense"]
-    assert "local" in _choice("exp", "local:window=2").reasons["fused"]
+    assert "direct" in c.reasons["blockwise"]
+    assert c.reasons["dense"].startswith("chosen")
+    assert "local" in _choice("exp", "local:window=2").reasons["blockwise"]
+    assert "neither full, causal (Tq = Tk) nor padding" in _choice("exp", "local:window=2").reasons["sdpa"]
     name, reasons = ka.choose_backend(*inputs(23, 23), "exp")
-    assert name == "fused" and set(reasons) == set(BACKENDS.names())
+    assert name == "sdpa" and list(reasons) == list(ORDER)
+
+
+def test_explain_names_every_backend_in_order_with_a_reason():
+    """explain lists the backends of ORDER in order: the ones before the chosen say why they do not run the
+    call, the chosen says how it runs it, the ones after say whether they could."""
+    assert ORDER == ("sdpa", "flex", "banded", "squared", "blockwise", "linear", "dense")
+    assert set(ORDER) == set(BACKENDS.names())
+    c = _choice("exp", "local:window=4")
+    assert c.name == "blockwise" and list(c.reasons) == list(ORDER)
+    assert all(isinstance(r, str) and r for r in c.reasons.values())
+    assert "CUDA only" in c.reasons["flex"] and "shaw" in c.reasons["banded"]
+    assert "no squared form" in c.reasons["squared"]
+    assert c.reasons["blockwise"].startswith("chosen: ") and "blocks of" in c.reasons["blockwise"]
+    assert c.reasons["linear"].startswith("after blockwise, which runs the call; this one: ")
+    assert c.reasons["dense"] == "after blockwise, which runs the call; this one could too"
+    text = str(c)
+    assert text.splitlines()[0] == "backend: blockwise"
+    assert [line.split(":")[0].strip() for line in text.splitlines()[1:]] == list(ORDER)
+    # by name: the others are "not requested", the requested one says how it runs the call
+    c = _choice("exp", backend="blockwise:block=1024")
+    assert c.name == "blockwise" and c.reasons["blockwise"].startswith("requested; ")
+    assert all(c.reasons[n] == "not requested" for n in ORDER if n != "blockwise")
+    # while torch.compile traces, the backends that cannot be traced are passed over
+    assert [n for n in ORDER if not BACKENDS.create(n).traceable] == ["banded", "squared", "blockwise"]
 
 
 def _problem(kernel, position="none", mask=None, t=23):
@@ -45,84 +76,137 @@ def _problem(kernel, position="none", mask=None, t=23):
     return build_problem(q, k, v, kern, mask, terms=pos.terms(q, k, pq, pk))
 
 
-def test_auto_prefers_dense_over_the_blocked_path_on_cuda_where_measured():
-    """The CUDA rule (FusedBackend.dense_preferred), checked on CPU problems with the device overridden:
-    blocked-only problems that were measured (no SDPA features, xl factors; full / causal / padding)
-    within the element budget go to dense; one-call forms, Shaw, product, sparse filters and larger
-    problems do not.  On the CPU itself nothing changes (fused keeps them)."""
-    from kernel_attention.backends.fused import DENSE_PREFERRED_ELEMENTS, FusedBackend
-
-    fused = FusedBackend()
-    for kernel, position, mask in (("ikas", "none", None), ("ikan-direct", "none", "causal"),
-                                   ("rbf-only", "none", "causal"), ("exp", "xl", "causal"), ("rbf", "xl", None)):
+def test_auto_prefers_dense_over_blockwise_on_cuda_where_measured(monkeypatch):
+    """The CUDA policy's rule (BlockwiseBackend.declines), checked on CPU problems under CUDA's policy:
+    problems blockwise alone runs that were measured (no SDPA features, xl factors; full / causal / padding)
+    within the element budget go to dense (those of squared's kernels to squared, which supports the CPU
+    device); one-call forms, Shaw, product, sparse filters and larger problems do not.  Under the CPU's
+    policy nothing is declined."""
+    blockwise = BlockwiseBackend()
+    cases = (("ikas", "none", None), ("ikan-direct", "none", "causal"), ("rbf-only", "none", "causal"),
+             ("exp", "xl", "causal"), ("rbf", "xl", None))
+    for kernel, position, mask in cases:
         p = _problem(kernel, position, mask)
-        why = fused.dense_preferred(p, device="cuda")
-        assert why is not None and "blocked path" in why, (kernel, position, mask)
-        assert fused.dense_preferred(p) is None  # this is a CPU problem
-        assert choose(p).name == choose(p, explain=False).name == "fused"
+        assert blockwise.declines(p) is None  # the CPU policy
+        assert choose(p).name == choose(p, explain=False).name in ("squared", "blockwise")
+    monkeypatch.setitem(POLICIES, "cpu", POLICIES["cuda"])
+    for kernel, position, mask in cases:
+        p = _problem(kernel, position, mask)
+        why = blockwise.declines(p)
+        assert why is not None and "launch-bound" in why, (kernel, position, mask)
+        expected = "squared" if kernel in ("ikas", "ikan-direct") else "dense"
+        c = choose(p)
+        assert c.name == choose(p, explain=False).name == expected, c
+        assert "declined: its blocks are launch-bound" in c.reasons["blockwise"], c
     for kernel, position, mask in (("exp", "none", None), ("rbf", "none", "causal"), ("exp", "shaw", None),
                                    ("exp", "product", None), ("ikas", "none", "local:window=4"),
                                    ("exp", "xl", "local:window=4")):
-        assert fused.dense_preferred(_problem(kernel, position, mask), device="cuda") is None, (kernel, position, mask)
-    # the element budget: B·H·T² above it keeps the blocked path's memory
-    t_max = int((DENSE_PREFERRED_ELEMENTS // (B * H)) ** 0.5)
-    assert fused.dense_preferred(_problem("ikas", t=t_max), device="cuda") is not None
-    assert fused.dense_preferred(_problem("ikas", t=t_max + 1), device="cuda") is None
+        assert blockwise.declines(_problem(kernel, position, mask)) is None, (kernel, position, mask)
+    # the element budget: B·H·T² above it keeps blockwise's memory
+    t_max = int((POLICIES["cuda"].dense_preferred_elements // (B * H)) ** 0.5)
+    assert blockwise.declines(_problem("ikas", t=t_max)) is not None
+    assert blockwise.declines(_problem("ikas", t=t_max + 1)) is None
+
+
+def test_magnitude_dropout_rules_by_policy(monkeypatch):
+    """A kernel that draws magnitude dropout (training) stays on dense up to the policy's element counts:
+    squared_dropout_dense_elements for squared, dropout_blocked_elements for blockwise; the CUDA policy keeps
+    neither."""
+    kern = ka.make_kernel("ikan-direct:official=true", n_heads=H, d_head=D).to(DT).train()
+    q, k, v = inputs(23, 23)
+    from kernel_attention.functional import build_problem
+
+    p = build_problem(q, k, v, kern, "causal")
+    assert "draws magnitude dropout" in SquaredBackend().declines(p)
+    assert "draws magnitude dropout" in BlockwiseBackend().declines(p)
+    assert choose(p).name == "dense"
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], squared_dropout_dense_elements=0))
+    assert SquaredBackend().declines(p) is None and choose(p).name == "squared"
+    monkeypatch.setitem(POLICIES, "cpu", POLICIES["cuda"])
+    assert SquaredBackend().declines(p) is None
+    assert "magnitude dropout" not in BlockwiseBackend().declines(p)  # only CUDA's launch-bound rule
 
 
 def test_unsupported_backend_requests_fail_clearly():
     q, k, v = inputs(23, 23)
     with pytest.raises(BackendError, match="direct"):
-        attention(q, k, v, "poly", backend="fused")
+        attention(q, k, v, "poly", backend="blockwise")
+    with pytest.raises(BackendError, match="no SDPA features"):
+        attention(q, k, v, "poly", backend="sdpa")
     with pytest.raises(BackendError, match="finite feature map"):
         attention(q, k, v, "exp", backend="linear")
-    with pytest.raises(BackendError, match="need_weights"):
-        attention(q, k, v, "exp", backend="fused", need_weights=True)
-    with pytest.raises(SpecError, match="accepted: auto, dense"):
-        attention(q, k, v, "exp", backend="flash")
+    with pytest.raises(BackendError, match="CUDA only"):
+        attention(q, k, v, "exp", backend="flex")
+    with pytest.raises(BackendError, match="no squared form"):
+        attention(q, k, v, "exp", backend="squared")
+    with pytest.raises(BackendError, match="shaw"):
+        attention(q, k, v, "exp", backend="banded")
+    for backend in ("sdpa", "blockwise", "squared", "banded", "linear"):
+        with pytest.raises(BackendError, match="need_weights"):
+            kernel = ka.make_kernel("ikas", n_heads=H, d_head=D) if backend == "squared" else "exp"
+            attention(q, k, v, kernel, backend=backend, need_weights=True)
+    accepted = "accepted: auto, sdpa, flex, banded, squared, blockwise, linear, dense"
+    for name in ("flash", "fused", "fused:key_bias=mask"):  # fused: the old single backend, gone
+        with pytest.raises(SpecError, match=accepted):
+            attention(q, k, v, "exp", backend=name)
     out, w = attention(q, k, v, "exp", need_weights=True)  # auto falls back to dense for the weights
     assert w.shape == (B, H, 23, 23)
 
 
 
-def test_fused_describes_the_path_it_runs(monkeypatch):
-    """describe and run share one decision (FusedBackend._route): a key bias has a one-call form only
-    without dropout (KeyBiasSDPA takes none), so with dropout both name and take the blocked path."""
-    import kernel_attention.backends.fused as fused
+def test_backends_describe_what_they_run(monkeypatch):
+    """What explain names is what attention runs: rbf's key bias as sdpa's mask is one call without dropout
+    and refused with it (KeyBiasSDPA takes none); with dropout auto keeps sdpa with the key bias as a feature;
+    blockwise asked by name runs its blocks (its chunked_smoother)."""
+    import kernel_attention.backends.blockwise as blockwise
 
     blocked = []
-    real = fused.chunked_smoother
-    monkeypatch.setattr(fused, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
+    real = blockwise.chunked_smoother
+    monkeypatch.setattr(blockwise, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
     q, k, v = inputs(23, 23)
-    for dropout, path in ((0.0, "one SDPA call on rbf key bias"),
-                          (0.1, "blocked SDPA, 1 blocks of 23 query rows; the key bias has a one-call form only")):
+    for backend, dropout, name, says in (("sdpa:key_bias=mask", 0.0, "sdpa", "one scaled_dot_product_attention call on rbf key bias"),
+                                         ("auto", 0.1, "sdpa", "one scaled_dot_product_attention call on rbf features"),
+                                         ("auto", 0.0, "sdpa", "one scaled_dot_product_attention call on rbf features"),
+                                         ("blockwise", 0.1, "blockwise", "1 blocks of 23 query rows, SDPA features per block"),
+                                         ("blockwise", 0.0, "blockwise", "1 blocks of 23 query rows, SDPA features per block")):
         blocked.clear()
-        why = explain(q, k, v, "rbf", None, backend="fused:key_bias=mask", dropout_p=dropout).reasons["fused"]
-        attention(q, k, v, "rbf", None, backend="fused:key_bias=mask", dropout_p=dropout)
-        assert path in why and bool(blocked) == (dropout > 0), (dropout, why)
+        c = explain(q, k, v, "rbf", None, backend=backend, dropout_p=dropout)
+        attention(q, k, v, "rbf", None, backend=backend, dropout_p=dropout)
+        assert c.name == name and says in c.reasons[name], (backend, dropout, c)
+        assert bool(blocked) == (name == "blockwise"), (backend, dropout)
+    with pytest.raises(BackendError, match="without dropout only"):
+        attention(q, k, v, "rbf", None, backend="sdpa:key_bias=mask", dropout_p=0.1)
 
 
-def test_large_calls_with_dropout_leave_sdpa_math_path_on_cpu(monkeypatch):
-    """SDPA's CPU flash kernel takes no dropout, so above DROPOUT_BLOCKED_ELEMENTS (B, H, Tq, Tk) elements a
-    call with dropout runs (and says it runs) on the blocked path; smaller calls and calls without dropout keep
-    one SDPA call.  The threshold is lowered so that the test runs on small tensors; the rule counts the batch."""
+def test_large_calls_with_dropout_leave_sdpa_on_cpu(monkeypatch):
+    """SDPA's CPU flash kernel takes no dropout, so above the policy's dropout_blocked_elements (B, H, Tq, Tk)
+    elements sdpa declines a call with dropout and auto runs it on blockwise (and says so); smaller calls and
+    calls without dropout keep one SDPA call.  The threshold is lowered so that the test runs on small tensors;
+    the rule counts the batch."""
     import torch
 
-    import kernel_attention.backends.fused as fused
+    import kernel_attention.backends.blockwise as blockwise
 
     blocked = []
-    real = fused.chunked_smoother
-    monkeypatch.setattr(fused, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
-    monkeypatch.setattr(fused, "DROPOUT_BLOCKED_ELEMENTS", 48 * 48)
-    for b, t, dropout, path in ((1, 48, 0.1, "one SDPA call"), (1, 49, 0.0, "one SDPA call"),
-                                (1, 49, 0.1, "above 2304 (B, H, Tq, Tk) elements (here 2401), blocks are faster"),
-                                (2, 34, 0.1, "above 2304 (B, H, Tq, Tk) elements (here 2312), blocks are faster")):
+    real = blockwise.chunked_smoother
+    monkeypatch.setattr(blockwise, "chunked_smoother", lambda *a, **kw: blocked.append(1) or real(*a, **kw))
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], dropout_blocked_elements=48 * 48))
+    for b, t, dropout, declined in ((1, 48, 0.1, None), (1, 49, 0.0, None),
+                                    (1, 49, 0.1, "above 2304 (B, H, Tq, Tk) elements (here 2401) blockwise is faster"),
+                                    (2, 34, 0.1, "above 2304 (B, H, Tq, Tk) elements (here 2312) blockwise is faster")):
         q, k, v = (torch.randn(b, 1, t, 4) for _ in range(3))
         blocked.clear()
-        why = explain(q, k, v, "exp", "causal", dropout_p=dropout).reasons["fused"]
+        c = explain(q, k, v, "exp", "causal", dropout_p=dropout)
         out = attention(q, k, v, "exp", "causal", dropout_p=dropout)
-        assert path in why and bool(blocked) == (path != "one SDPA call"), (b, t, dropout, why)
+        if declined is None:
+            assert c.name == "sdpa" and "one scaled_dot_product_attention call" in c.reasons["sdpa"], c
+        else:
+            assert c.name == "blockwise" and c.reasons["sdpa"].startswith("declined: with dropout"), c
+            assert declined in c.reasons["sdpa"], c
+        assert bool(blocked) == (declined is not None), (b, t, dropout, c)
         assert torch.isfinite(out).all()
+        # asked by name, sdpa runs it: the policy is auto's
+        assert explain(q, k, v, "exp", "causal", dropout_p=dropout, backend="sdpa").name == "sdpa"
 
 
 def test_attention_takes_the_backend_explain_names():
@@ -131,7 +215,10 @@ def test_attention_takes_the_backend_explain_names():
     from kernel_attention.functional import build_problem
 
     for kernel, mask, t, d in (("exp", None, 23, D), ("poly", "causal", 23, D), ("poly", "causal", 460, 24),
-                               ("linear", "local:window=2", 23, D), ("rbf", "causal", 23, D)):
+                               ("linear", "local:window=2", 23, D), ("rbf", "causal", 23, D),
+                               ("periodic", "local:window=2", 23, D),
+                               (ka.make_kernel("ikas", n_heads=H, d_head=D), "causal", 23, D),
+                               ("rbf-only", None, 23, D)):
         q, k, v = inputs(t, t, d=d)
         p = build_problem(q, k, v, kernel, mask)
         assert choose(p, explain=False).name == choose(p).name == explain(q, k, v, kernel, mask).name

@@ -1,4 +1,4 @@
-"""The sliced path's compiled loops (backends/native.py, csrc/sliced.cpp) against the Python loop they replace
+"""blockwise's slice loops compiled (backends/native.py, csrc/sliced.cpp) against the Python loop they replace
 and against ``dense``: values and gradients for Transformer-XL's relative term and product's shared positions,
 in float64 and float32, over several blocks and with the relative products in row chunks; the switch, the
 reasons it gives, and the fallback when the build fails."""
@@ -20,7 +20,7 @@ T = 300
 
 @pytest.fixture
 def python_loop(monkeypatch):
-    """Run the sliced path's Python loop (the compiled loops turned off) inside ``with python_loop():``."""
+    """Run blockwise's slice loops in Python (the compiled loops turned off) inside ``with python_loop():``."""
     import contextlib
 
     @contextlib.contextmanager
@@ -48,10 +48,10 @@ def test_the_build_works():
 @pytest.mark.parametrize("filt", [None, "causal", "local:window=40", "padding"])
 def test_compiled_loop_matches_python_loop_and_dense(position, filt, python_loop):
     """float64: the compiled loops equal the Python loop and dense (values; gradients of q, k, v and the
-    positional parameters), with rbf's key bias as a mask, under full, causal, local and padding filters (one
+    positional parameters), with rbf's key bias entering the slices' term, under full, causal, local and padding filters (one
     sequence with no key: zero output, zero gradient)."""
     km = padding_mask(T, empty=True) if filt == "padding" else None
-    for kernel, backend in (("exp", "fused"), ("rbf", "fused:key_bias=mask")):
+    for kernel, backend in (("exp", "blockwise"), ("rbf", "blockwise")):
         compiled = run(backend, kernel, position, filt, tq=T, tk=T, key_mask=km)
         with python_loop():
             loop = run(backend, kernel, position, filt, tq=T, tk=T, key_mask=km)
@@ -67,11 +67,11 @@ def test_compiled_loop_float32_and_memory(position, python_loop):
     """float32: the compiled loops agree with dense to float32's rounding; Transformer-XL with a memory
     in front of the segment (Tq < Tk, lower-right causal) in float64."""
     ref = run("dense", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
-    got = run("fused", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
+    got = run("blockwise", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
     assert got[0].dtype == torch.float32
     close(got, ref, atol=2e-4)
     if position == "xl":
-        close(run("fused", "exp", "xl", "memory", tq=100, tk=T), run("dense", "exp", "xl", "memory", tq=100, tk=T))
+        close(run("blockwise", "exp", "xl", "memory", tq=100, tk=T), run("dense", "exp", "xl", "memory", tq=100, tk=T))
 
 
 @needs_build
@@ -82,9 +82,9 @@ def test_block_without_keys(position, python_loop):
     the Python loop and dense; the other rows are causal."""
     keep = torch.ones(T, T, dtype=torch.bool).tril()
     keep[:260] = False
-    compiled = run("fused", "exp", position, keep, tq=T, tk=T)
+    compiled = run("blockwise", "exp", position, keep, tq=T, tk=T)
     with python_loop():
-        close(compiled, run("fused", "exp", position, keep, tq=T, tk=T))
+        close(compiled, run("blockwise", "exp", position, keep, tq=T, tk=T))
     close(compiled, run("dense", "exp", position, keep, tq=T, tk=T))
     assert torch.equal(compiled[0][:, :, :260], torch.zeros_like(compiled[0][:, :, :260]))
     assert torch.equal(compiled[1][0][:, :, :260], torch.zeros_like(compiled[1][0][:, :, :260]))
@@ -96,13 +96,13 @@ def test_switch_and_reasons(monkeypatch):
     monkeypatch.setenv(native.ENV, "0")
     assert native.why_not(torch.float32) == f"turned off by {native.ENV}=0" and native.sliced(torch.float32) is None
     q, k, v = (torch.randn(2, 2, 40, 8, dtype=DT) for _ in range(3))
-    why = explain(q, k, v, "exp", "causal", terms=_terms("xl", q, k), backend="fused").reasons["fused"]
-    assert "in Python (compiled loop: turned off by KERNEL_ATTENTION_NATIVE=0)" in why, why
+    why = explain(q, k, v, "exp", "causal", terms=_terms("xl", q, k), backend="blockwise").reasons["blockwise"]
+    assert "slice on Python loops (compiled loops: turned off by KERNEL_ATTENTION_NATIVE=0)" in why, why
     monkeypatch.delenv(native.ENV)
     assert "bfloat16" in native.why_not(torch.bfloat16)
     if native.why_not(DT) is None:
-        why = explain(q, k, v, "exp", "causal", terms=_terms("xl", q, k), backend="fused").reasons["fused"]
-        assert "both passes per (head, block, batch element) slice, compiled" in why, why
+        why = explain(q, k, v, "exp", "causal", terms=_terms("xl", q, k), backend="blockwise").reasons["blockwise"]
+        assert "per (head, block, batch element) slice on compiled loops" in why, why
 
 
 def test_failed_build_falls_back_to_the_python_loop(monkeypatch):
@@ -113,30 +113,33 @@ def test_failed_build_falls_back_to_the_python_loop(monkeypatch):
     monkeypatch.setattr(native, "_build", fail)
     assert native.why_not(torch.float32) == "the build failed (RuntimeError: c++: not found)"
     assert native.sliced(torch.float32) is None
-    close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
+    close(run("blockwise", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
 
 
 def test_sliced_path_minimum_keys(monkeypatch):
-    """Below SLICED_MIN_KEYS keys Transformer-XL's term and product's shared positions run on the blocked path
-    (the per-slice calls would cost more than they save), and explain says so; from it on, the sliced path.
-    ``auto`` runs them on dense below it (faster than the blocked path there) and on fused from it on; with
-    dropout (no sliced path at any length) it keeps fused."""
-    from kernel_attention.backends import fused
+    """Below the CPU policy's sliced_min_keys Transformer-XL's term and product's shared positions run on
+    blockwise's per-block form (the per-slice calls would cost more than they save), and explain says so; from
+    it on, on the slice loops.  ``auto`` runs them on dense below it (blockwise declines: dense is faster than
+    its blocks there) and on blockwise from it on; with dropout (no slice loops at any length) it keeps xl on
+    blockwise and product on sdpa (concatenated features)."""
+    import dataclasses
 
-    monkeypatch.setattr(fused, "SLICED_MIN_KEYS", 256)
+    from kernel_attention.backends.policy import POLICIES
+
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], sliced_min_keys=256))
     for position in ("xl", "product"):
         for t, sliced in ((40, False), (256, True)):
             q, k, v = (torch.randn(2, 2, t, 8, dtype=DT) for _ in range(3))
             terms = _terms(position, q, k)
-            why = explain(q, k, v, "exp", "causal", terms=terms, backend="fused").reasons["fused"]
-            assert ("element) slice" in why and "blocked SDPA" not in why) == sliced, why
+            why = explain(q, k, v, "exp", "causal", terms=terms, backend="blockwise").reasons["blockwise"]
+            assert ("element) slice" in why) == sliced, why
             auto = explain(q, k, v, "exp", "causal", terms=terms)
-            assert auto.name == ("fused" if sliced else "dense"), auto
+            assert auto.name == ("blockwise" if sliced else "dense"), auto
             if not sliced:
-                assert "Tk=40 is below the 256 keys from which the sliced path" in why, why
-                assert "with Tk=40 keys (below the sliced path's 256) would run on fused's blocked path" in str(auto)
-                assert explain(q, k, v, "exp", "causal", terms=terms, dropout_p=0.1).name == "fused"
-    close(run("fused", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
+                assert "Tk=40 is below the 256 keys from which its slice loops run" in auto.reasons["blockwise"], auto
+                c = explain(q, k, v, "exp", "causal", terms=terms, dropout_p=0.1)
+                assert c.name == ("blockwise" if position == "xl" else "sdpa"), c
+    close(run("blockwise", "exp", "xl", "causal", tq=40, tk=40), run("dense", "exp", "xl", "causal", tq=40, tk=40))
 
 
 def _terms(position, q, k):
@@ -154,9 +157,9 @@ def test_compiled_loops_on_one_thread_and_on_several(position):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = run("fused", "exp", position, "causal", tq=T, tk=T)
+        one = run("blockwise", "exp", position, "causal", tq=T, tk=T)
         torch.set_num_threads(max(2, threads))
-        several = run("fused", "exp", position, "causal", tq=T, tk=T)
+        several = run("blockwise", "exp", position, "causal", tq=T, tk=T)
     finally:
         torch.set_num_threads(threads)
     close(one, several)
@@ -207,26 +210,26 @@ class _Spy:
 @pytest.mark.parametrize("position", ["xl", "product"])
 @pytest.mark.parametrize("filt", [None, "causal"])
 def test_kept_logits_equal_recomputed_ones(position, filt, monkeypatch):
-    """The forward keeps the (B, H, rows, cols) logits of the blocks that fit fused's ``kept`` budget, in order,
+    """The forward keeps the (B, H, rows, cols) logits of the blocks that fit blockwise's ``kept`` budget, in order,
     and their backward forms P from them: all blocks by default, only the 44-row one with kept=60000 (the first
     block's 2·2·256·300 elements, or 2·2·256·256 causal, do not fit, the second's 2·2·44·300 do), none with 0.
     Values and gradients equal dense's in each case; without gradients nothing is kept; explain counts them."""
     spy = _Spy(native.sliced(DT))
     monkeypatch.setattr(native, "sliced", lambda dtype: spy)
     ref = run("dense", "exp", position, filt, tq=T, tk=T)
-    for backend, keeps in (("fused", [True, True]), ("fused:kept=60000", [False, True]),
-                           ("fused:kept=0", [False, False])):
+    for backend, keeps in (("blockwise", [True, True]), ("blockwise:kept=60000", [False, True]),
+                           ("blockwise:kept=0", [False, False])):
         spy.forward.clear(), spy.backward.clear()
         close(run(backend, "exp", position, filt, tq=T, tk=T), ref)
         assert spy.forward == keeps and spy.backward == keeps, (backend, spy.forward, spy.backward)
     q, k, v = (torch.randn(2, 2, T, 8, dtype=DT) for _ in range(3))
-    call = dict(terms=_terms(position, q, k), backend="fused:kept=60000")
+    call = dict(terms=_terms(position, q, k), backend="blockwise:kept=60000")
     spy.forward.clear()
     with torch.no_grad():
         attention(q, k, v, "exp", filt, **call)
     assert spy.forward == [False, False], spy.forward
-    why = explain(q, k, v, "exp", filt, **call).reasons["fused"]
-    assert "the forward keeps the logits of 1 of the 2 blocks (kept=60000 elements)" in why, why
+    why = explain(q, k, v, "exp", filt, **call).reasons["blockwise"]
+    assert "the forward keeps the logits of 1 of 2 blocks for the backward" in why, why
 
 
 @needs_build
