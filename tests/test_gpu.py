@@ -1,5 +1,4 @@
-"""The CUDA paths (SDPA on CUDA, FlexAttention's score_mod and block masks, the blocked path, the
-linear backend) against ``dense`` in float64 on the CPU: values and gradients, float32 and bfloat16.
+"""The backends on CUDA (sdpa, FlexAttention's score_mod and block masks, blockwise, linear) against ``dense`` in float64 on the CPU: values and gradients, float32 and bfloat16.
 
 Marked ``gpu``: skipped where no CUDA device is present (CI), run on a lent GPU with
 ``python -m pytest -q -m gpu tests/test_gpu.py``."""
@@ -74,11 +73,29 @@ def _key_mask(t):
     return km
 
 
-def _fused_agrees(kernel, position, filt, dtype):
+def _capable(kernel, position, filt, key_mask=None, value_position="none", t=40):
+    """The backends of ORDER other than dense that support the combination on CUDA."""
+    from kernel_attention.backends import ORDER
+    from kernel_attention.backends.dispatch import resolve_backend
+    from kernel_attention.functional import build_problem
+
+    pos = make_position(position, d_model=H * D, n_heads=H, d_head=D, value_position=value_position).to(CUDA)
+    kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(CUDA).eval()
+    q, k, v = (torch.randn(B, H, t, D, device=CUDA) for _ in range(3))
+    km = None if key_mask is None else key_mask.to(CUDA)
+    p = build_problem(q, k, v, kern, filt, key_mask=km,
+                      terms=pos.terms(q, k, *default_positions(t, t, CUDA, True)))
+    return [n for n in ORDER if n != "dense" and resolve_backend(n).supports(p) is None]
+
+
+def _backends_agree(kernel, position, filt, dtype):
+    """Every backend that runs the combination on CUDA (flex where it applies, sdpa, blockwise, ...) agrees
+    with float64 dense."""
     km = _key_mask(40) if filt == "padding" else None
     ref = _case("dense", kernel, position, filt, key_mask=km, dtype=dtype, exact=True)
     base = _case("dense", kernel, position, filt, key_mask=km, dtype=dtype) if dtype != torch.float32 else None
-    backends = ["fused", "fused:flex=false"] + (["fused:key_bias=mask"] if kernel == "rbf" else [])
+    backends = _capable(kernel, position, filt, km)
+    assert "blockwise" in backends, backends
     for backend in backends:
         _agree(_case(backend, kernel, position, filt, key_mask=km, dtype=dtype), ref, TOL[dtype], base)
 
@@ -86,17 +103,18 @@ def _fused_agrees(kernel, position, filt, dtype):
 @pytest.mark.parametrize("filt", [None, "causal", "local:window=6", "padding"])
 @pytest.mark.parametrize("position", ["none", "shaw", "xl", "product"])
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic", "ikas"])
-def test_fused_on_cuda_matches_dense(kernel, position, filt):
-    """float32: every kernel x position x filter, on FlexAttention where it applies and without it."""
-    _fused_agrees(kernel, position, filt, torch.float32)
+def test_backends_on_cuda_match_dense(kernel, position, filt):
+    """float32: every kernel x position x filter, on FlexAttention where it applies and on the others that
+    run it (sdpa, blockwise)."""
+    _backends_agree(kernel, position, filt, torch.float32)
 
 
 @pytest.mark.parametrize("filt", ["causal", "local:window=6"])
 @pytest.mark.parametrize("position", ["none", "shaw", "xl", "product"])
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "ikas"])
-def test_fused_on_cuda_matches_dense_in_bf16(kernel, position, filt):
+def test_backends_on_cuda_match_dense_in_bf16(kernel, position, filt):
     """bfloat16 (each FlexAttention form compiles once per dtype: a subset of the float32 grid)."""
-    _fused_agrees(kernel, position, filt, torch.bfloat16)
+    _backends_agree(kernel, position, filt, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -115,23 +133,27 @@ def test_linear_on_cuda_matches_dense(kernel, filt, dtype):
 def test_shaw_relative_values_and_memory_on_cuda():
     for filt in (None, "causal", "local:window=5"):
         ref = _case("dense", "exp", "shaw", filt, value_position="relative", exact=True)
-        _agree(_case("fused", "exp", "shaw", filt, value_position="relative"), ref, TOL[torch.float32])
+        assert _capable("exp", "shaw", filt, value_position="relative") == ["blockwise"]  # flex: no value term
+        _agree(_case("blockwise", "exp", "shaw", filt, value_position="relative"), ref, TOL[torch.float32])
 
 
-def test_cuda_dispatch_names_its_path():
+def test_cuda_dispatch_names_its_backend():
     q, k, v = (torch.randn(B, H, 64, D, device=CUDA) for _ in range(3))
-    assert "FlexAttention" in explain(q, k, v, "exp", "local:window=8").reasons["fused"]
-    assert "one SDPA call" in explain(q, k, v, "rbf", "causal").reasons["fused"]
+    c = explain(q, k, v, "exp", "local:window=8")
+    assert c.name == "flex" and "FlexAttention" in c.reasons["flex"], c
+    c = explain(q, k, v, "rbf", "causal")
+    assert c.name == "sdpa" and "one scaled_dot_product_attention call" in c.reasons["sdpa"], c
     pos = make_position("shaw", d_model=H * D, n_heads=H, d_head=D).to(CUDA)
     terms = pos.terms(q, k, *default_positions(64, 64, CUDA, True))
-    assert "FlexAttention" in explain(q, k, v, "exp", "causal", terms=terms).reasons["fused"]
-    assert "shaw clipped" not in str(explain(q, k, v, "exp", "causal", terms=terms))  # CPU only
+    c = explain(q, k, v, "exp", "causal", terms=terms)
+    assert c.name == "flex" and "FlexAttention" in c.reasons["flex"], c
+    assert "CPU" in c.reasons["banded"] and "shaw clipped" not in str(c)  # banded: CPU only
 
 
 def test_empty_rows_are_zero_on_cuda():
     km = torch.ones(B, 40, dtype=torch.bool)
     km[0] = False
-    for backend in ("fused", "fused:flex=false", "fused:key_bias=mask"):
+    for backend in ("flex", "blockwise"):
         out, grads = _case(backend, "rbf", "shaw", "causal", key_mask=km)
         assert torch.equal(out[0], torch.zeros_like(out[0])), backend
         assert all(torch.isfinite(g).all() for g in grads if g is not None), backend

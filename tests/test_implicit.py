@@ -248,35 +248,45 @@ def test_blockwise_magnitude_dropout_is_per_block_and_redrawn(spec):
     assert torch.allclose(f(rows, cols, q, k, *state), (sim + mag)[..., rows, cols], atol=1e-9)
 
 
-def test_magnitude_dropout_trains_on_fused_and_auto_keeps_dense_below_the_thresholds(monkeypatch):
-    """In training the official kernels run on fused's squared path, and with dropout on the weights too on its
-    blocked path (no (Tq, Tk) mask kept), with gradients that match finite differences when the seed is fixed,
-    i.e. the backward pass redraws each block's mask.  ``auto`` takes fused above SQUARED_DROPOUT_DENSE_ELEMENTS
-    (B, H, Tq, Tk) elements on the squared path and above DROPOUT_BLOCKED_ELEMENTS on the blocked one (both
-    lowered here)."""
-    import kernel_attention.backends.fused as fused
+def test_magnitude_dropout_trains_on_squared_and_blockwise_and_auto_keeps_dense_below_the_thresholds(monkeypatch):
+    """In training the official kernels run on squared, and with dropout on the weights (which squared does not
+    take) on blockwise (no (Tq, Tk) mask kept), with gradients that match finite differences when the seed is
+    fixed, i.e. the backward pass redraws each block's mask.  ``auto`` takes squared above the CPU policy's
+    squared_dropout_dense_elements (B, H, Tq, Tk) elements and blockwise above its dropout_blocked_elements
+    (both lowered here); below, they decline and dense runs the call."""
+    import dataclasses
 
-    monkeypatch.setattr(fused, "SQUARED_DROPOUT_DENSE_ELEMENTS", 40 * 40)
-    monkeypatch.setattr(fused, "DROPOUT_BLOCKED_ELEMENTS", 48 * 48)
+    from kernel_attention.backends.policy import POLICIES
+
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], squared_dropout_dense_elements=40 * 40,
+                                                              dropout_blocked_elements=48 * 48))
     kern = ka.make_kernel("ikan-direct:official=true,p=3.0", n_heads=1, d_head=4).double().train()
     q, k, v = (torch.randn(1, 1, 48, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    why = ka.explain(q, k, v, kern, "causal", backend="fused:block=1024", dropout_p=0.2)
-    assert "blocked SDPA, 3 blocks" in why.reasons["fused"] and "dropout acts on the soft-max" in why.reasons["fused"]
-    for t, dropout, name, note in ((40, 0.0, "dense", "squared path draws per block; dense was faster up to 1600"),
-                                   (41, 0.0, "fused", "summed apart"),
-                                   (48, 0.2, "dense", "blocked path draws per block; dense was faster up to 2304"),
-                                   (49, 0.2, "fused", "blocked SDPA")):
+    why = ka.explain(q, k, v, kern, "causal", backend="blockwise:block=1024", dropout_p=0.2)
+    assert "3 blocks of 21 query rows, log k per block" in why.reasons["blockwise"], why
+    assert "dropout acts on the soft-max" in ka.explain(q, k, v, kern, "causal", dropout_p=0.2).reasons["squared"]
+    for t, dropout, name, declined, note in (
+            (40, 0.0, "dense", "squared", "dense was faster up to 1600"),
+            (41, 0.0, "squared", None, "summed apart"),
+            (48, 0.2, "dense", "blockwise", "dense was faster up to 2304"),
+            (49, 0.2, "blockwise", None, "log k per block")):
         x = torch.randn(1, 1, t, 4, dtype=torch.float64)
         why = ka.explain(x, x, x, kern, "causal", dropout_p=dropout)
-        assert why.name == name and note in why.reasons[name], why
-        assert name == "fused" or "draws magnitude dropout (training)" in why.reasons[name]
+        assert why.name == name, why
+        if declined is None:
+            assert note in why.reasons[name], why
+        else:
+            reason = why.reasons[declined]
+            assert reason.startswith("declined: ") and "draws magnitude dropout (training)" in reason, why
+            assert note in reason, why
 
     def f(q, k, v, dropout=0.2):
         torch.manual_seed(0)
-        return ka.attention(q, k, v, kern, "causal", dropout_p=dropout, backend="fused:block=1024")
+        backend = "blockwise:block=1024" if dropout else "squared:block=1024"
+        return ka.attention(q, k, v, kern, "causal", dropout_p=dropout, backend=backend)
     assert torch.equal(f(q, k, v), f(q, k, v))
     assert torch.autograd.gradcheck(f, (q, k, v))
     assert torch.autograd.gradcheck(lambda q, k, v: f(q, k, v, 0.0), (q, k, v))
     kern.eval()
-    why = ka.explain(q, k, v, kern, "causal").reasons["fused"]
-    assert "the kernel per block" in why and "summed apart" not in why
+    c = ka.explain(q, k, v, kern, "causal")
+    assert c.name == "squared" and "k / sum k" in c.reasons["squared"] and "summed apart" not in c.reasons["squared"], c

@@ -104,7 +104,7 @@ def test_exp_module_equals_multihead_attention():
 
 
 def test_rbf_differs_from_exp_only_by_key_norm():
-    """RBF logit = exp logit·2 - ||k||²/sqrt(d) (+ a row constant): a fact the fused backends use."""
+    """RBF logit = exp logit·2 - ||k||²/sqrt(d) (+ a row constant): a fact the sdpa and blockwise backends use."""
     q, k, v = _qkv()
     d = q.shape[-1]
     bias = -(k ** 2).sum(-1)[:, :, None, :] / math.sqrt(d)
