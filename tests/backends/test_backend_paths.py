@@ -252,6 +252,18 @@ def test_banded_matches_dense(kernel, filt, clip):
     assert "shaw clipped" not in str(explain(q, k, v, kernel=kernel, mask=filt, terms=terms, backend="blockwise"))
 
 
+@pytest.mark.parametrize("filt", [None, "causal"])
+def test_banded_in_several_row_blocks_matches_dense(filt, monkeypatch):
+    """banded's rows per block come from the device policy (banded_rows_full / banded_rows_causal): with 8 rows
+    the 29 queries run in 4 blocks, each with its near band and far key ranges, and still equal dense."""
+    import dataclasses
+
+    from kernel_attention.backends.policy import POLICIES
+
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], banded_rows_full=8, banded_rows_causal=8))
+    close(run("banded", "exp", "shaw:clip=3", filt, tq=29, tk=29), run("dense", "exp", "shaw:clip=3", filt, tq=29, tk=29))
+
+
 def test_banded_not_taken_where_it_does_not_apply():
     """Padding, a short sequence (T <= 4 clip), a memory in front of the segment or a relative value table
     are not banded's (it says why, auto takes blockwise, and blockwise agrees with dense)."""

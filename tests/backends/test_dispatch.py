@@ -7,7 +7,7 @@ import pytest
 from _common import B, D, DT, H, inputs
 
 import kernel_attention as ka
-from kernel_attention.backends import BACKENDS, ORDER, POLICIES, BackendError, choose
+from kernel_attention.backends import BACKENDS, ORDER, POLICIES, BackendError, choose, linear_crossover
 from kernel_attention.backends.blockwise import BlockwiseBackend
 from kernel_attention.backends.squared import SquaredBackend
 from kernel_attention.functional import attention, explain
@@ -30,6 +30,8 @@ def test_auto_picks_the_expected_backend():
     assert _choice("poly", "causal", t=299, d=24).name == "dense"  # F = 300: crossover at 300 keys
     assert _choice("poly", "causal", t=300, d=24).name == "linear"
     assert "below its crossover with dense (300 keys for F=300)" in _choice("poly", "causal", t=299, d=24).reasons["linear"]
+    assert linear_crossover(300, "cpu") == 300 and linear_crossover(64, "cpu") == 256
+    assert linear_crossover(64, "cuda") == 8192 and linear_crossover(4096, "cuda") == 4 * 4096
     c = _choice("poly", "local:window=2", t=300, d=4)
     assert c.name == "dense"
     assert "neither full, causal nor padding" in c.reasons["linear"]
