@@ -21,9 +21,11 @@ def _seed():
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    """Tests marked ``gpu`` skip without CUDA; tests marked ``slow`` run only when asked for with ``-m slow``
+    (what .ci/run does after the default suite) or ``KA_SLOW=1``."""
+    slow = "slow" in (config.getoption("-m") or "") or os.environ.get("KA_SLOW") == "1"
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        if "slow" in item.keywords and not slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with -m slow or KA_SLOW=1"))

@@ -1,9 +1,8 @@
 """Attention choices matter on `reverse` (the `run` command's claim), as a test.
 
-Slow (4 runs of 300 steps: 2-7 minutes on 2 cores depending on load): set KA_SLOW=1 to run it (`KA_SLOW=1 pytest tests/tasks/test_synthetic_grid.py`).
+Slow (4 runs of 300 steps: 2-7 minutes on 2 cores depending on load): marked ``slow``, run with
+`python -m pytest -m slow tests/tasks/test_synthetic_grid.py` (or KA_SLOW=1).
 """
-
-import os
 
 import pytest
 
@@ -11,8 +10,7 @@ from kernel_attention.cli.run import config
 from kernel_attention.tasks.runner import prepare
 from kernel_attention.training import Trainer
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.environ.get("KA_SLOW") != "1", reason="slow: set KA_SLOW=1 to run")]
+pytestmark = pytest.mark.slow
 
 
 def exact_match(tmp_path, name, kernel, position, at_input, steps=300):

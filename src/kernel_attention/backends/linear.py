@@ -113,6 +113,8 @@ class LinearBackend(Backend):
         f, tk = feature_size(p), p.shape[3]
         cross = linear_crossover(f, p.q.device)
         if tk < cross:
+            if torch.compiler.is_compiling():  # formatting a symbolic length would fix it to this call's
+                return "Tk is below its crossover with dense"
             return f"Tk={tk} is below its crossover with dense ({cross} keys for F={f})"
         return None
 

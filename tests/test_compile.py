@@ -1,0 +1,123 @@
+"""``torch.compile(fullgraph=True)`` of the layers: no graph break, no guard on tensor values, compiled ==
+eager for outputs and input gradients, and one graph for every sequence length under ``dynamic=True``.
+
+The default suite compiles a representative set of kernel x position x filter with the CPU inductor; the
+whole grid runs under ``-m slow``."""
+
+import itertools
+
+import pytest
+import torch
+
+import kernel_attention as ka
+
+D_MODEL, HEADS = 32, 4
+
+MUST_COMPILE = [
+    ("exp", "none", "causal"), ("rbf", "none", "causal"), ("exp", "shaw", "causal"), ("exp", "xl", "causal"),
+    ("exp", "product", "full"), ("poly", "none", "causal"), ("ikan-direct", "none", "causal"),
+    ("exp", "none", "local:window=8"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compare(module, x, atol=1e-4):
+    """Output and input gradient of ``module`` compiled with fullgraph against eager."""
+    compiled = torch.compile(module, fullgraph=True)
+    x1 = x.clone().requires_grad_()
+    y1 = compiled(x1)
+    (y1 * torch.linspace(-1, 1, y1.numel()).view_as(y1)).sum().backward()
+    x2 = x.clone().requires_grad_()
+    y2 = module(x2)
+    (y2 * torch.linspace(-1, 1, y2.numel()).view_as(y2)).sum().backward()
+    torch.testing.assert_close(y1, y2, atol=atol, rtol=atol)
+    torch.testing.assert_close(x1.grad, x2.grad, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("kernel,position,filt", MUST_COMPILE, ids=["/".join(c) for c in MUST_COMPILE])
+def test_kernel_attention_compiles_fullgraph_and_matches_eager(kernel, position, filt):
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(D_MODEL, HEADS, kernel=kernel, position=position, filter=filt)
+    _compare(layer, torch.randn(2, 16, D_MODEL))
+
+
+@pytest.mark.parametrize("kernel,position,filt", [("exp", "xl", "causal"), ("poly", "none", "causal")])
+def test_dynamic_shapes_compile_once_for_every_length(kernel, position, filt):
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(D_MODEL, HEADS, kernel=kernel, position=position, filter=filt)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    compiled(torch.randn(2, 12, D_MODEL, requires_grad=True)).sum().backward()
+    with torch.compiler.set_stance("fail_on_recompile"):  # a second graph would raise here
+        for t in (16, 21):
+            x = torch.randn(2, t, D_MODEL, requires_grad=True)
+            y = compiled(x)
+            y.sum().backward()
+            torch.testing.assert_close(y, layer(x), atol=1e-4, rtol=1e-4)
+
+
+def test_transformer_block_compiles_fullgraph():
+    torch.manual_seed(0)
+    block = ka.TransformerBlock(D_MODEL, HEADS, 64, attention=dict(kernel="rbf", position="xl", filter="causal"))
+    _compare(block, torch.randn(2, 10, D_MODEL))
+
+
+def test_compiled_calls_choose_traceable_backends_and_explain_says_so():
+    """While a graph is traced ``auto`` passes over the backends that read values back to the host."""
+    from kernel_attention.backends import BACKENDS, ORDER
+
+    assert {n: BACKENDS.create(n).traceable for n in ORDER} == {
+        "sdpa": True, "flex": True, "banded": False, "squared": False, "blockwise": False, "linear": True,
+        "dense": True}
+    seen = []
+
+    def spy(q, k, v):
+        choice = ka.explain(q, k, v, kernel="exp", mask="local:window=4")
+        seen.append(choice.name)
+        return ka.attention(q, k, v, kernel="exp", mask="local:window=4")
+
+    q = torch.randn(1, 2, 12, 8)
+    torch.compile(spy, fullgraph=True)(q, q, q)
+    assert seen == ["dense"]  # blockwise in eager, which cannot be traced
+    assert ka.explain(q, q, q, kernel="exp", mask="local:window=4").name == "blockwise"
+
+
+def test_the_finiteness_check_costs_no_trace_and_can_be_asked_for():
+    """``validation("auto")`` (the default) skips the check while tracing; ``validation(True)`` checks
+    inside the graph without a host read."""
+    bad = torch.randn(1, 1, 4, 8)
+    bad[0, 0, 0, 0] = float("nan")
+    f = torch.compile(lambda q: ka.attention(q, q, q), fullgraph=True)
+    assert torch.isnan(f(bad)).any()  # no check: NaN passes through, no graph break
+    torch._dynamo.reset()
+    with ka.validation(True):
+        g = torch.compile(lambda q: ka.attention(q, q, q), fullgraph=True)
+        with pytest.raises(RuntimeError):
+            g(bad)
+    with pytest.raises(ValueError, match="q contains NaN or inf"):  # eager on the CPU: checked, input named
+        ka.attention(bad, bad, bad)
+    with pytest.raises(ValueError, match="True, False or 'auto'"):
+        with ka.validation("sometimes"):
+            pass
+
+
+GRID = list(itertools.product(["exp", "rbf", "periodic", "poly", "linear", "ikas", "rbf-only"],
+                              ["none", "absolute", "shaw", "xl", "product"],
+                              ["full", "causal", "local:window=4", "strided:stride=4"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel,position,filt", GRID, ids=["/".join(c) for c in GRID])
+def test_every_combination_compiles_fullgraph(kernel, position, filt):
+    """In eval mode: the implicit kernels draw their spectral samples in training, which compiled and eager
+    code draw in another order."""
+    torch.manual_seed(0)
+    if kernel == "ikas" and filt != "full":
+        kernel = "ikas:amortized=false"  # the amortized density pools over keys a causal filter hides
+    layer = ka.KernelAttention(D_MODEL, HEADS, kernel=kernel, position=position, filter=filt).eval()
+    _compare(layer, torch.randn(2, 12, D_MODEL), atol=2e-4)
