@@ -24,18 +24,3 @@ napoleon_numpy_docstring = False
 add_module_names = False
 html_theme = "alabaster"
 html_static_path = []
-
-
-# Docstrings that docutils cannot read yet (their source is being rewritten elsewhere): their own text is
-# left out and the page gives a summary in the directive's content.  Remove a name once its docstring
-# parses; the build runs with warnings as errors, so a new unreadable docstring fails it.
-UNREADABLE_DOCSTRINGS = {"kernel_attention.PositionalTerms"}
-
-
-def _drop_unreadable(app, what, name, obj, options, lines):
-    if name in UNREADABLE_DOCSTRINGS:
-        lines[:] = []
-
-
-def setup(app):
-    app.connect("autodoc-process-docstring", _drop_unreadable)

@@ -37,20 +37,26 @@ class PositionalTerms:
 
     All pieces are optional and add up:
 
-    ``q_feat``, ``k_feat``  (B|1, H, Tq, P), (B|1, H, Tk, P): an inner-product term <q_feat_i, k_feat_j>
-        (already scaled), e.g. the symmetric product kernel of Eq. 9.
-    ``key_bias``  (B|1, H, 1, Tk): a per-key term, e.g. Transformer-XL's u·k_j.
-    ``relative``  list of (logits (B|1, H, Tq, R), index (B|1, Tq, Tk) long): the term
-        logits[..., i, index[i, j]] -- Shaw's look-up table and Transformer-XL's relative sinusoid.
-    ``relative_factors``  list of (q_side (B|1, H, Tq, d), table (B|1, H|1, R, d), index (B|1, Tq, Tk)):
-        the same term with logits = q_side · table^T left unmultiplied, so that a backend can form
-        them for a block of rows and the few distances it needs (Transformer-XL, whose R = Tq + Tk - 1
-        would make (Tq, R) logits as large as two (Tq, Tk) matrices).  The index is a long tensor or a
+    ``q_feat``, ``k_feat``
+        (B|1, H, Tq, P), (B|1, H, Tk, P): an inner-product term <q_feat_i, k_feat_j> (already scaled),
+        e.g. the symmetric product kernel of Eq. 9.
+    ``key_bias``
+        (B|1, H, 1, Tk): a per-key term, e.g. Transformer-XL's u·k_j.
+    ``relative``
+        list of (logits (B|1, H, Tq, R), index (B|1, Tq, Tk) long): the term logits[..., i, index[i, j]] --
+        Shaw's look-up table and Transformer-XL's relative sinusoid.
+    ``relative_factors``
+        list of (q_side (B|1, H, Tq, d), table (B|1, H|1, R, d), index (B|1, Tq, Tk)): the same term with
+        logits = q_side · table^T left unmultiplied, so that a backend can form them for a block of rows and
+        the few distances it needs (Transformer-XL, whose R = Tq + Tk - 1 would make (Tq, R) logits as large
+        as two (Tq, Tk) matrices).  The index is a long tensor or a
         :class:`~kernel_attention.difference_index.DifferenceIndex` (a[i] - c[j] kept as its two vectors,
         what ``xl`` gives), read a block at a time as ``index[..., rows, cols]``.
-    ``bias``  (..., Tq, Tk) broadcastable: any dense additive term (e.g. a user's float mask).
-    ``value``  list of (table (R, Dv), index (B|1, Tq, Tk)): adds sum_j w_ij table[index[i, j]] to the
-        output -- Shaw et al.'s relative value embeddings a^V.
+    ``bias``
+        (..., Tq, Tk) broadcastable: any dense additive term (e.g. a user's float mask).
+    ``value``
+        list of (table (R, Dv), index (B|1, Tq, Tk)): adds sum_j w_ij table[index[i, j]] to the output --
+        Shaw et al.'s relative value embeddings a^V.
     """
 
     q_feat: Tensor | None = None
