@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from kernel_attention.encodings import sinusoid
+from kernel_attention.positions.encodings import sinusoid
 from kernel_attention.models import LanguageModel
 
 

@@ -133,7 +133,7 @@ def test_ika_table4_configs_drop_what_the_official_code_drops():
     """IKA's regression code (reference notes 2.2, 2.6) applies its att_dropout (0.1) to the implicit kernels'
     magnitude logits only; the dropout on the attention weights, like the residual one, is ENC_DROPOUT (0.0),
     for the dot-product Transformer too."""
-    from kernel_attention.attention import KernelAttention
+    from kernel_attention.nn.attention import KernelAttention
     from kernel_attention.config import load_config
     from kernel_attention.models import MODELS
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import kernel_attention as ka
-from kernel_attention.decomposition import exp_decompose, gat_decompose, lp_norm_sq, magnitude
-from kernel_attention.implicit import SimilarityMagnitudeKernel
+from kernel_attention.kernels.decomposition import exp_decompose, gat_decompose, lp_norm_sq, magnitude
+from kernel_attention.kernels.implicit import SimilarityMagnitudeKernel
 
 IKA = ["rbf-only", "expsin", "ikas", "ikans", "ikan", "ikan:p=1.3", "ikan-direct", "mikan", "mikan:official=true"]
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from kernel_attention.features import symmetric_square, symmetric_square_size
+from kernel_attention.kernels.features import symmetric_square, symmetric_square_size
 
 
 def _gather_form(x):

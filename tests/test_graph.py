@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernel_attention.graph import GraphAttention, segment_softmax, with_self_loops
-from kernel_attention.implicit import regularization
+from kernel_attention.nn.graph import GraphAttention, segment_softmax, with_self_loops
+from kernel_attention.kernels.implicit import regularization
 
 
 def _graph(n=12, e=40, seed=0):

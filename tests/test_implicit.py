@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import kernel_attention as ka
-from kernel_attention.implicit import IKASKernel, regularization, share_spectral
+from kernel_attention.kernels.implicit import IKASKernel, regularization, share_spectral
 from kernel_attention.registry import SpecError
-from kernel_attention.spectral import gaussian_kl
+from kernel_attention.kernels.spectral import gaussian_kl
 
 POSITIVE = ["rbf-only", "expsin", "ikas", "ikans", "ikan", "ikan:p=0.7", "ikan-direct", "mikan",
             "mikan:official=true"]

@@ -185,7 +185,7 @@ def test_sinusoid_matches_textbook_formula():
 def test_sinusoid_range_is_the_sinusoid_of_the_distances_and_kept():
     """Transformer-XL's table of distances: sinusoid_range(lo, hi) is sinusoid(lo..hi) (clamped when asked),
     and a second call with the same arguments returns the same tensor instead of forming it again."""
-    from kernel_attention.encodings import sinusoid, sinusoid_range
+    from kernel_attention.positions.encodings import sinusoid, sinusoid_range
 
     d = torch.arange(-7, 5)
     got = sinusoid_range(-7, 4, 16, torch.float32, torch.device("cpu"))

@@ -35,7 +35,7 @@ def test_skew_equals_gather_on_blocks_with_gradients():
 
 
 def test_difference_index_blocks_and_toeplitz_base_match_the_materialised_index():
-    from kernel_attention.difference_index import DifferenceIndex
+    from kernel_attention.positions.difference_index import DifferenceIndex
     tq, tk = 5, 9
     cases = {
         "memory in front": (torch.arange(tk - tq, tk)[None] + 3, torch.arange(tk)[None], 3 + tk - tq),
@@ -67,7 +67,7 @@ def test_difference_index_blocks_and_toeplitz_base_match_the_materialised_index(
 
 
 def test_xl_terms_hold_no_tq_by_tk_tensor_and_index_the_distances():
-    from kernel_attention.difference_index import DifferenceIndex
+    from kernel_attention.positions.difference_index import DifferenceIndex
     from kernel_attention.positions import default_positions, make_position, relative_distance
     torch.manual_seed(0)
     pos = make_position("xl", d_model=8, n_heads=2, d_head=4)

@@ -6,15 +6,12 @@ kernels (Song et al. 2021), models, training and the papers' studies.
     layer = ka.KernelAttention(512, 8, kernel="exp", position="product", filter="causal")
 """
 
-from kernel_attention.attention import KernelAttention
-from kernel_attention.difference_index import DifferenceIndex
 from kernel_attention.filters import FILTERS, Filter, make_filter
 from kernel_attention.functional import attention, choose_backend, explain, validation
-from kernel_attention.graph import GraphAttention
 from kernel_attention.kernels import KERNELS, Kernel, make_kernel
-from kernel_attention.implicit import decompose, regularization, share_spectral  # registers the IKA kernels
-from kernel_attention.models.block import TransformerBlock
-from kernel_attention.positions import POSITIONS, make_position
+from kernel_attention.kernels.implicit import decompose, regularization, share_spectral
+from kernel_attention.nn import GraphAttention, KernelAttention, TransformerBlock
+from kernel_attention.positions import POSITIONS, DifferenceIndex, make_position
 from kernel_attention.registry import Registry, SpecError
 from kernel_attention.smoother import PositionalTerms
 

@@ -50,7 +50,7 @@ class PositionalTerms:
         logits = q_side · table^T left unmultiplied, so that a backend can form them for a block of rows and
         the few distances it needs (Transformer-XL, whose R = Tq + Tk - 1 would make (Tq, R) logits as large
         as two (Tq, Tk) matrices).  The index is a long tensor or a
-        :class:`~kernel_attention.difference_index.DifferenceIndex` (a[i] - c[j] kept as its two vectors,
+        :class:`~kernel_attention.positions.difference_index.DifferenceIndex` (a[i] - c[j] kept as its two vectors,
         what ``xl`` gives), read a block at a time as ``index[..., rows, cols]``.
     ``bias``
         (..., Tq, Tk) broadcastable: any dense additive term (e.g. a user's float mask).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernel_attention.attention import VALUE_POSITIONS
+from kernel_attention.nn.attention import VALUE_POSITIONS
 from kernel_attention.backends import BACKENDS
 from kernel_attention.filters import FILTERS
 from kernel_attention.kernels import KERNELS

@@ -45,7 +45,7 @@ def test_implicit_kernels_share_one_density_and_give_a_regularizer():
     assert len(dens) == 1                                      # the paper's shared spectral estimator
     m.n_train = 10.0
     m(torch.randint(4, 30, (3, 5)))
-    from kernel_attention.implicit import regularization
+    from kernel_attention.kernels.implicit import regularization
     r = m.regularization()
     assert r.item() > 0
     torch.testing.assert_close(r, regularization(m, 10.0))

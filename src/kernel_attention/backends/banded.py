@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
 from kernel_attention.backends.policy import policy
-from kernel_attention.difference_index import DifferenceIndex
+from kernel_attention.positions.difference_index import DifferenceIndex
 
 __all__ = ["BandedBackend", "shaw_clip", "banded_clip", "shaw_banded"]
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
-from kernel_attention.difference_index import DifferenceIndex
+from kernel_attention.positions.difference_index import DifferenceIndex
 
 __all__ = ["FlexBackend", "flex_why_not", "flex_smoother"]
 

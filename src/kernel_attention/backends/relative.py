@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.difference_index import DifferenceIndex
+from kernel_attention.positions.difference_index import DifferenceIndex
 
 __all__ = ["rel_logits", "gather_rel", "toeplitz_base", "skew_rel"]
 
@@ -41,7 +41,7 @@ def gather_rel(logits: Tensor, idx: Tensor) -> Tensor:
 
 def toeplitz_base(index: Tensor | DifferenceIndex) -> int | None:
     """base when ``index`` (B|1, Tq, Tk) is base + i - j for every pair, else None.  A
-    :class:`~kernel_attention.difference_index.DifferenceIndex` answers from its two vectors; a tensor is
+    :class:`~kernel_attention.positions.difference_index.DifferenceIndex` answers from its two vectors; a tensor is
     compared with base + i - j entry by entry."""
     if isinstance(index, DifferenceIndex):
         return index.toeplitz_base()

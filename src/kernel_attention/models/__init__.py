@@ -21,7 +21,7 @@ and magnitude terms (IKA Prop. 1) of every attention whose kernel has them (exp 
 
 from __future__ import annotations
 
-from kernel_attention.models.block import TransformerBlock
+from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.classifier import SentenceClassifier
 from kernel_attention.models.common import collect_decompositions
 from kernel_attention.models.language_model import LanguageModel

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.models.block import TransformerBlock
+from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
                                             sinusoidal_input)
 

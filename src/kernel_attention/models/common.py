@@ -1,6 +1,6 @@
 r"""Pieces every model family shares: per-place attention configs, scaled embeddings, weight capture.
 
-An *attention config* is a dict of :class:`~kernel_attention.attention.KernelAttention` keyword arguments
+An *attention config* is a dict of :class:`~kernel_attention.nn.attention.KernelAttention` keyword arguments
 (``kernel=``, ``symmetric=``, ``position=``, ``value_position=``, ``filter=``, ``dropout=``, ``bias=``, ...).
 Models take one per place, e.g. the translation model's encoder self-attention (A), encoder-decoder
 attention (B) and decoder self-attention (C) -- Transformer Dissection's Table 3 differs only in C.
@@ -17,8 +17,8 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.attention import KernelAttention
-from kernel_attention.encodings import sinusoid
+from kernel_attention.nn.attention import KernelAttention
+from kernel_attention.positions.encodings import sinusoid
 from kernel_attention.filters import make_filter
 from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
@@ -96,7 +96,7 @@ class KernelRegularized:
     """Mixin for models whose attention may use the implicit kernels of IKA.
 
     ``finish_kernels()`` (end of the constructor) makes the implicit kernels share one spectral density
-    (the paper's shared estimator, :func:`kernel_attention.implicit.share_spectral`);
+    (the paper's shared estimator, :func:`kernel_attention.kernels.implicit.share_spectral`);
     ``regularization()`` is their KL (+ copula) term of the last forward pass divided by ``n_train``, the
     number of training examples, which the task sets (the trainer adds it to the loss).  Zero when no
     kernel is implicit.
@@ -105,11 +105,11 @@ class KernelRegularized:
     n_train: float = 1.0
 
     def finish_kernels(self) -> None:
-        from kernel_attention.implicit import share_spectral
+        from kernel_attention.kernels.implicit import share_spectral
         share_spectral(self)
 
     def regularization(self) -> Tensor:
-        from kernel_attention.implicit import regularization
+        from kernel_attention.kernels.implicit import regularization
         return regularization(self, self.n_train)
 
 
@@ -161,14 +161,14 @@ def sinusoidal_input(x: Tensor, pos: Tensor) -> Tensor:
 def collect_decompositions(model: nn.Module, run) -> list[dict[str, Any]]:
     """Similarity and magnitude terms of every attention whose kernel splits log k that way: ``exp``
     (IKA Proposition 1) and the implicit kernels (their ``decompose``), via
-    :func:`kernel_attention.decomposition.decompose`.
+    :func:`kernel_attention.kernels.decomposition.decompose`.
 
     ``run()`` performs one forward pass; each :class:`KernelAttention` in ``model`` records, per call,
     ``{"module": name, "log_similarity": (B,H,Tq,Tk), "log_magnitude": (B,H,Tq,Tk)}`` computed from its per-head
     projections q, k (the kernel on f only: positional factors and filters are not included).  Attentions
     whose kernel has no decomposition are skipped.
     """
-    from kernel_attention.decomposition import decompose
+    from kernel_attention.kernels.decomposition import decompose
     from kernel_attention.kernels import ExpKernel
 
     out: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.filters import make_filter
-from kernel_attention.models.block import TransformerBlock
+from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
                                             share_xl_biases, sinusoidal_input, with_position_param)
 from kernel_attention.positions import XLPosition

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_attention.graph import GraphAttention
+from kernel_attention.nn.graph import GraphAttention
 from kernel_attention.models.common import KernelRegularized
 
 __all__ = ["NodeClassifier"]

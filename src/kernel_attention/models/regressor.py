@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from kernel_attention.models.block import TransformerBlock
+from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import KernelRegularized, attention_config
 
 __all__ = ["SequenceRegressor"]

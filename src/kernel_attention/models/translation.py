@@ -13,7 +13,7 @@ FFN 1024, 4 heads, dropout 0.3, token embeddings scaled by sqrt(d), decoder outp
 input embedding (``tie_output``), optionally one embedding shared by source and target
 (``share_embeddings``; needs a joint vocabulary).
 
-Attention per place -- each a dict of :class:`~kernel_attention.attention.KernelAttention` arguments:
+Attention per place -- each a dict of :class:`~kernel_attention.nn.attention.KernelAttention` arguments:
 
     A  encoder self-attention        ``encoder_attention``   filter: full (+ source padding)
     B  encoder-decoder attention     ``cross_attention``     t_q = decoder position, t_k = encoder position
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.models.block import TransformerBlock
+from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
                                             causal_filter, share_xl_biases, sinusoidal_input)
 

@@ -25,7 +25,7 @@ __all__ = ["ProbedTask", "capture_kernel_inputs", "attention_places"]
 
 def attention_places(model: torch.nn.Module) -> dict[str, Any]:
     """{module path: KernelAttention} of a model."""
-    from kernel_attention.attention import KernelAttention
+    from kernel_attention.nn.attention import KernelAttention
     return {name: m for name, m in unwrap(model).named_modules() if isinstance(m, KernelAttention)}
 
 
@@ -101,7 +101,7 @@ class ProbedTask(Task):
         return out
 
     def probe(self, model) -> dict[str, float]:
-        from kernel_attention.decomposition import decompose
+        from kernel_attention.kernels.decomposition import decompose
         if self._batch is None:
             self._batch = next(iter(self.task.train_batches(0)))
         stats: dict[str, float] = {}

@@ -32,7 +32,7 @@ Rules the trainer relies on
   term of a variational kernel), the trainer adds ``config.regularization_weight * model.regularization()``
   to each micro-batch loss, after ``loss`` was called (so a value cached during the forward pass is fine),
   and logs it as ``regularization``.  ``loss`` itself must not add it again.  For the IKA kernels a model
-  writes ``def regularization(self): return kernel_attention.implicit.regularization(self, n_train)``.
+  writes ``def regularization(self): return kernel_attention.kernels.implicit.regularization(self, n_train)``.
 * ``evaluate(model, split)`` is called on rank 0 only, with the unwrapped model in ``eval()`` mode under
   ``torch.no_grad()``; the trainer restores the RNG state afterwards so evaluation never changes training.
   ``split`` is ``"valid"`` or ``"test"``.  The returned dict must contain ``metric_for_selection`` when

@@ -7,7 +7,7 @@ r"""Graph attention in kernel form over an edge list (GAT, Veličković et al. 2
     alpha_ij = softmax over the in-neighbours j of i;   out_i = sum_j alpha_ij x_j   (concat or mean over H)
 
 With s(u, v) = exp(-||u - v||^2 / 2) and p = 2 the kernel form *is* GAT (Prop. 2, ``kernel="gat-kernel"``);
-any positive similarity × magnitude kernel of :mod:`kernel_attention.implicit` takes s's place
+any positive similarity × magnitude kernel of :mod:`kernel_attention.kernels.implicit` takes s's place
 (``log s`` is its ``log_similarity``, f^2 + eps for the implicit ones, with one spectral sample shared
 by both factors; the magnitude uses its p; no sqrt(d), as in Eq. 10).
 
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_attention.decomposition import gat_decompose, lp_norm_sq
-from kernel_attention.implicit import SimilarityMagnitudeKernel
+from kernel_attention.kernels.decomposition import gat_decompose, lp_norm_sq
+from kernel_attention.kernels.implicit import SimilarityMagnitudeKernel
 from kernel_attention.kernels import make_kernel
 
 __all__ = ["GraphAttention", "segment_softmax", "with_self_loops"]

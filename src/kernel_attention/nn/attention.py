@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.encodings import as_positions, make_encoding
+from kernel_attention.positions.encodings import as_positions, make_encoding
 from kernel_attention.filters import Padding, make_filter
 from kernel_attention.functional import attention as kernel_attention_fn
 from kernel_attention.kernels import make_kernel

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.attention import KernelAttention
-from kernel_attention.encodings import as_positions
+from kernel_attention.nn.attention import KernelAttention
+from kernel_attention.positions.encodings import as_positions
 
 __all__ = ["TransformerBlock"]
 

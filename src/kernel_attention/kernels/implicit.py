@@ -4,7 +4,7 @@ Every kernel here is positive (except ``linear-magnitude``) and computes, per he
 
     log k(q, k) = log_similarity(q, k) + (||q||_p^2 + ||k||_p^2) / (2 sqrt(d))       (Prop. 1, Eq. 9)
 
-and exposes both terms through ``decompose(q, k)`` (see :mod:`kernel_attention.decomposition`).
+and exposes both terms through ``decompose(q, k)`` (see :mod:`kernel_attention.kernels.decomposition`).
 
 =================  =========================================================  ============================
 name               similarity                                                 magnitude
@@ -22,10 +22,10 @@ mikan              as ikan, heads' base samples joined by a Gaussian copula   Lp
 phi_r(x) = [cos(w1_r^T x) + cos(w2_r^T x), sin(w1_r^T x) + sin(w2_r^T x)].  The default periods and
 lengthscales make every similarity agree with the dot product's (Prop. 1) for nearby q, k.  The first
 three rows, and the similarity x magnitude protocol, are defined in
-:mod:`kernel_attention.similarity_magnitude` and re-exported here.
+:mod:`kernel_attention.kernels.similarity_magnitude` and re-exported here.
 
 **Spectral points** (ikas, ikans, ikan, mikan) come from an implicit density
-(:class:`~kernel_attention.spectral.ImplicitDensity`): amortised q(z|h) from the time-pooled q and k
+(:class:`~kernel_attention.kernels.spectral.ImplicitDensity`): amortised q(z|h) from the time-pooled q and k
 of the call, the symmetric base z = [z~, -z~], w = sign(z) NN(|z|), R samples (default 64).  In
 ``eval()`` mode z~ = mu (deterministic).  Pooling is over all positions given, so in a causal model
 the spectral points of position t see later positions: pass ``amortized=false`` there (q(z) becomes
@@ -58,12 +58,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.decomposition import decompose, lp_norm_sq
-from kernel_attention.kernels import KERNELS, SquaredForm
+from kernel_attention.kernels.decomposition import decompose, lp_norm_sq
+from kernel_attention.kernels.base import KERNELS, SquaredForm
 from kernel_attention.registry import Param
-from kernel_attention.similarity_magnitude import (ExpSinKernel, LinearMagnitudeKernel, RBFOnlyKernel,
+from kernel_attention.kernels.similarity_magnitude import (ExpSinKernel, LinearMagnitudeKernel, RBFOnlyKernel,
                                                    SimilarityMagnitudeKernel)
-from kernel_attention.spectral import ImplicitDensity
+from kernel_attention.kernels.spectral import ImplicitDensity
 
 __all__ = ["SimilarityMagnitudeKernel", "RBFOnlyKernel", "ExpSinKernel", "LinearMagnitudeKernel",
            "ImplicitKernel", "IKASKernel", "IKANSKernel", "IKANKernel", "IKANDirectKernel", "MIKANKernel",

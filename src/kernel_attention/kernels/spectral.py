@@ -106,7 +106,7 @@ def copula_factor(u: Tensor) -> Tensor:
 class ImplicitDensity(nn.Module):
     """The spectral density estimator: amortised q(z|h), ``n_generators`` spectral generators (1 for
     IKAS, 2 for IKANS/IKAN/MIKAN) and, with ``copula=True``, MIKAN's copula network.  Holds only
-    parameters, so one instance can serve every layer (see :func:`kernel_attention.implicit.share_spectral`).
+    parameters, so one instance can serve every layer (see :func:`kernel_attention.kernels.implicit.share_spectral`).
     """
 
     def __init__(self, d: int, n_generators: int = 2, copula: bool = False, prior_std: float = 0.1):

@@ -4,9 +4,9 @@ r"""Kernels that are a similarity times a magnitude (Implicit Kernel Attention, 
 
 :class:`SimilarityMagnitudeKernel` is the protocol -- :meth:`~SimilarityMagnitudeKernel.prepare` (per-call
 state such as sampled spectral points), ``log_similarity`` and the Lp magnitude -- and ``decompose(q, k)``
-returns both terms (:mod:`kernel_attention.decomposition`).  This module holds the kernels of IKA's
+returns both terms (:mod:`kernel_attention.kernels.decomposition`).  This module holds the kernels of IKA's
 tables with a fixed similarity: ``rbf-only`` (Tsai et al.'s RBF, no magnitude), ``expsin`` and
-``linear-magnitude``; the learned ones are in :mod:`kernel_attention.implicit`, which re-exports these.
+``linear-magnitude``; the learned ones are in :mod:`kernel_attention.kernels.implicit`, which re-exports these.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel_attention.decomposition import lp_norm_sq, magnitude
+from kernel_attention.kernels.decomposition import lp_norm_sq, magnitude
 from kernel_attention.dropout import block_seed, keep_mask
-from kernel_attention.kernels import KERNELS, Kernel
+from kernel_attention.kernels.base import KERNELS, Kernel
 from kernel_attention.registry import Param
 
 __all__ = ["SimilarityMagnitudeKernel", "RBFOnlyKernel", "ExpSinKernel", "LinearMagnitudeKernel"]

@@ -25,7 +25,7 @@ With several position axes (e.g. height x width), ``shaw``, ``xl`` and ``product
 positional kernel per axis (their logs add); ``absolute`` gives each axis its share of the encoding.
 Relative schemes never build a (T, T, d) tensor: they project the R distinct distances once, form
 (Tq, R) logits and read them at an index of the pairs; for integer positions that index is a
-:class:`~kernel_attention.difference_index.DifferenceIndex`, t_q - t_k kept as the two position
+:class:`~kernel_attention.positions.difference_index.DifferenceIndex`, t_q - t_k kept as the two position
 vectors and formed a block of pairs at a time, so no (T, T) tensor either.
 """
 
@@ -36,8 +36,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.difference_index import DifferenceIndex
-from kernel_attention.encodings import as_positions, make_encoding, sinusoid_range
+from kernel_attention.positions.difference_index import DifferenceIndex
+from kernel_attention.positions.encodings import as_positions, make_encoding, sinusoid_range
 from kernel_attention.registry import Param, Registry
 from kernel_attention.smoother import PositionalTerms
 
