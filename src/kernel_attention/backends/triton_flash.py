@@ -1,0 +1,311 @@
+r"""``triton``: the smoother as Triton flash-attention kernels, forward and backward, with the positional terms
+formed per tile.
+
+For an exp-family kernel on its SDPA features (:func:`~kernel_attention.backends.base.sdpa_features`: exp,
+rbf, periodic; ``product``'s positions concatenated) the logit of a pair is
+
+    s_ij = scale · <q'_i, k'_j> + kb_j + b_ij
+
+with kb a per-key bias (rbf's -s||k_j||^2 with ``key_bias=mask``, Transformer-XL's u·k_j) and b_ij
+
+* Shaw's clipped table (Transformer Dissection Eq. 6): L[i, clip(o + i - j, -c, c) + c], gathered per tile
+  from the (Tq, 2c + 1) logits L = q a^K / sqrt(d);
+* Transformer-XL's relative term (Eq. 5): qv_i · R[base + i - j], formed per tile from the BM + BN - 1 rows
+  of R the tile meets (any Tk >= Tq: a memory in front of the segment).
+
+The filter is full, causal (lower-right aligned), local (|i + Tk - Tq - j| <= window) or padding (a
+per-key mask); tiles outside it are skipped, partial tiles masked, and a query with no kept key gets zeros
+and zero gradient.  The forward keeps only the output and the row log-sum-exp (O(T) memory); the backward
+recomputes the weights per tile (:mod:`~kernel_attention.backends.triton_kernels`).  No (Tq, Tk) tensor is
+formed in either pass.
+
+Triton is optional (``pip install 'kernel-attention[gpu]'``).  On CUDA the kernels are compiled; on CPU
+tensors they run under Triton's interpreter (``TRITON_INTERPRET=1`` set before the kernels are first
+loaded), which is for tests only: ``auto`` never picks it there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_mask, sdpa_features
+from kernel_attention.positions.difference_index import DifferenceIndex
+from kernel_attention.filters import Local
+from kernel_attention.registry import Param
+
+__all__ = ["TritonBackend", "triton_why_not", "triton_smoother"]
+
+FULL, CAUSAL, LOCAL, PADDING = 0, 1, 2, 3
+_MODE_NAMES = {FULL: "full", CAUSAL: "causal", LOCAL: "local", PADDING: "padding"}
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _interpreting() -> bool:
+    """TRITON_INTERPRET is set (read as Triton reads it, without importing Triton)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    """The kernel module, imported on first use: whether its kernels are compiled or interpreted is fixed
+    then, by TRITON_INTERPRET."""
+    from kernel_attention.backends import triton_kernels
+
+    return triton_kernels
+
+
+def _loaded_interpreted() -> bool | None:
+    """Whether the kernels were loaded for the interpreter; None when not loaded yet."""
+    if _kernels.cache_info().currsize == 0:
+        return None
+    return _kernels().INTERPRETED
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, (n - 1).bit_length()))
+
+
+def _shaw_band(index, tq: int, tk: int, width: int) -> tuple[int, int] | None:
+    """(c, o) when ``index`` is clip(o + i - j, -c, c) + c and the table has 2c + 1 columns, else None."""
+    if isinstance(index, DifferenceIndex):
+        c = index.clip
+        o = index.offset() if c is not None else None
+    else:
+        from kernel_attention.backends.banded import shaw_clip
+
+        c, o = shaw_clip(index, tq, tk), 0
+    if c is None or o is None or width != 2 * c + 1:
+        return None
+    return c, o
+
+
+def _mode(p: Problem) -> int | None:
+    if p.keep is None:
+        return FULL
+    if p.causal:
+        return CAUSAL
+    if p.key_only:
+        return PADDING
+    if isinstance(p.filter, Local) and p.key_mask is None:
+        return LOCAL
+    return None
+
+
+def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
+    """None when the ``triton`` backend runs ``p``; otherwise why not."""
+    if not _installed():
+        return "triton is not installed (pip install 'kernel-attention[gpu]')"
+    if p.need_weights:
+        return "need_weights=True: only dense forms the (Tq, Tk) weights"
+    if p.dropout_p > 0:
+        return "dropout on the weights is not in its kernels"
+    if p.kernel.sdpa_layout(key_bias) is None:
+        return f"kernel {p.kernel.name!r} has no SDPA features (Kernel.sdpa_form)"
+    if p.q.dtype not in _DTYPES:
+        return f"dtype {p.q.dtype}: its kernels take float32, bfloat16 or float16"
+    dev = p.q.device.type
+    if dev == "cpu":
+        if not _interpreting():
+            return "CPU tensors run only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"
+        if _loaded_interpreted() is False:
+            return "its kernels were loaded compiled (TRITON_INTERPRET was not set when they were first used)"
+    elif dev != "cuda":
+        return f"device {dev!r}: its kernels run on CUDA (or on the CPU under Triton's interpreter)"
+    t = p.terms
+    b, h, tq, tk = p.shape
+    if t is not None:
+        if t.bias is not None:
+            return "a dense additive term (float mask or bias) is not formed per tile"
+        if t.value:
+            return "Shaw's relative value table needs the weights"
+        if len(t.relative) > 1 or len(t.relative_factors) > 1:
+            return "more than one relative table (several position axes)"
+        for logits, index in t.relative:
+            if logits.dim() != 4 or _shaw_band(index, tq, tk, logits.shape[-1]) is None:
+                return "a relative table other than Shaw's clip(o + i - j, -c, c) + c with its 2c + 1 columns"
+        for q_side, table, index in t.relative_factors:
+            from kernel_attention.backends.relative import toeplitz_base
+
+            if q_side.dim() != 4 or table.dim() != 3 or table.shape[0] not in (1, h):
+                return "Transformer-XL's term with a table other than (H|1, R, d)"
+            if toeplitz_base(index) is None:
+                return "Transformer-XL's term with an index other than base + i - j (default positions)"
+    if _mode(p) is None:
+        return f"filter {p.filter!r} is neither full, causal, local nor padding (alone)"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """What the kernels are specialised on, and the scalars they take."""
+
+    mode: int
+    off: int  # Tk - Tq: query i sits at key position i + off
+    win: int
+    scale: float
+    has_kb: bool
+    c: int  # Shaw's clip (0: no table)
+    soff: int  # Shaw's o in clip(o + i - j)
+    xbase: int  # Transformer-XL's base in R[base + i - j]
+    has_xl: bool
+    block_m: int
+    block_n: int
+
+    def launch(self, q, v, qv, table) -> dict:
+        """The keyword arguments every kernel takes."""
+        dk, dv = q.shape[-1], v.shape[-1]
+        dr = qv.shape[-1] if self.has_xl else 1
+        hr, rlen = (table.shape[0], table.shape[1]) if self.has_xl else (1, 0)
+        return dict(
+            H=q.shape[1], Tq=q.shape[2], Tk=v.shape[2], DK=dk, DV=dv, DR=dr,
+            RSTRIDE=rlen * dr if hr > 1 else 0, Rlen=rlen, scale=self.scale, OFF=self.off, WIN=self.win,
+            SOFF=self.soff, XBASE=self.xbase, HAS_KB=self.has_kb, HAS_SHAW=self.c > 0, C=self.c,
+            W=2 * self.c + 1, HAS_XL=self.has_xl, MODE=self.mode,
+            PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            BM=self.block_m, BN=self.block_n, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr),
+            WP=_pow2(self.block_m + self.block_n - 1), num_warps=4 if self.block_m * self.block_n <= 64 * 64 else 8)
+
+
+class _Flash(torch.autograd.Function):
+    """out = softmax(s) v over the filter (see the module docstring), on contiguous (B, H, ...) tensors:
+    q (B, H, Tq, DK), k (B, H, Tk, DK), v (B, H, Tk, DV); kb (B, H, Tk) float32 or None; km (B, H, Tk) int8
+    or None; L (B, H, Tq, 2c + 1) float32 or None; qv (B, H, Tq, DR) and table (HR, Rlen, DR) or None."""
+
+    @staticmethod
+    def forward(ctx, cfg: _Config, q, k, v, kb, km, shaw, qv, table):
+        kern = _kernels()
+        b, h, tq, _ = q.shape
+        out = torch.empty(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device)
+        lse = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)
+        args = cfg.launch(q, v, qv, table)
+        grid = (triton_cdiv(tq, cfg.block_m), b * h)
+        kern.flash_forward[grid](q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q),
+                                 out, lse, **args)
+        ctx.cfg = cfg
+        ctx.save_for_backward(q, k, v, kb, km, shaw, qv, table, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout):
+        kern = _kernels()
+        cfg = ctx.cfg
+        q, k, v, kb, km, shaw, qv, table, out, lse = ctx.saved_tensors
+        b, h, tq, _ = q.shape
+        tk = k.shape[2]
+        gout = gout.contiguous()
+        delta = (gout.float() * out.float()).sum(-1)  # (B, H, Tq): dO_i · out_i
+        args = cfg.launch(q, v, qv, table)
+        ptrs = (q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), gout, lse, delta)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dkb = torch.empty_like(kb) if kb is not None else None
+        dshaw = torch.empty_like(shaw) if shaw is not None else None
+        dqv = torch.empty_like(qv) if qv is not None else None
+        dtable = torch.zeros(table.shape, dtype=torch.float32, device=table.device) if table is not None else None
+        kern.flash_backward_kv[(triton_cdiv(tk, cfg.block_n), b * h)](*ptrs, dk, dv, _or(dkb, lse), **args)
+        kern.flash_backward_q[(triton_cdiv(tq, cfg.block_m), b * h)](
+            *ptrs, dq, _or(dshaw, lse), _or(dqv, q), _or(dtable, lse), BW=_pow2(2 * cfg.c + 1), **args)
+        if dtable is not None:
+            dtable = dtable.to(table.dtype)
+        return None, dq, dk, dv, dkb, None, dshaw, dqv, dtable
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _or(x, y):
+    """x, or a placeholder pointer for a kernel argument it does not read."""
+    return y if x is None else x
+
+
+def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None) -> Tensor:
+    """The output (B, H, Tq, Dv) of ``p`` on the Triton kernels, differentiable (see the module docstring);
+    ``block``: rows and keys per tile (default 64 on CUDA, 16 under the interpreter)."""
+    from kernel_attention.backends.relative import toeplitz_base
+
+    b, h, tq, tk = p.shape
+    dtype = p.q.dtype
+    qf, kf, scale, kbias = sdpa_features(p, key_bias)
+    t = p.terms
+    kbs = [x for x in (kbias, None if t is None else t.key_bias) if x is not None]
+    kb = None
+    if kbs:
+        kb = kbs[0] if len(kbs) == 1 else kbs[0] + kbs[1]
+        kb = kb.float().expand(b, h, 1, tk).reshape(b, h, tk).contiguous()
+    mode = _mode(p)
+    km = None
+    if mode == PADDING:
+        km = key_only_mask(p).expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
+    c = soff = xbase = 0
+    shaw = qv = table = None
+    if t is not None and t.relative:
+        logits, index = t.relative[0]
+        c, soff = _shaw_band(index, tq, tk, logits.shape[-1])
+        shaw = logits.float().expand(b, h, tq, logits.shape[-1]).contiguous()
+    if t is not None and t.relative_factors:
+        q_side, tab, index = t.relative_factors[0]
+        xbase = toeplitz_base(index)
+        qv = q_side.to(dtype).expand(b, h, tq, q_side.shape[-1]).contiguous()
+        table = tab.to(dtype).contiguous()
+    if block is None:
+        block = 16 if p.q.device.type == "cpu" else 64
+    cfg = _Config(mode=mode, off=tk - tq, win=p.filter.window if mode == LOCAL else 0, scale=float(scale),
+                  has_kb=kb is not None, c=c, soff=soff, xbase=xbase, has_xl=qv is not None,
+                  block_m=block, block_n=block)
+    return _Flash.apply(cfg, qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), p.v.contiguous(), kb, km,
+                        shaw, qv, table)
+
+
+@BACKENDS.register("triton", [
+    Param("key_bias", str, "mask", choices=("mask", "features"),
+          doc="a per-key log-kernel term (rbf's -s||k||^2) as the kernels' key bias or as an augmented feature"),
+    Param("block", int, None, optional=True, check=lambda x: x in (16, 32, 64, 128), rule="16, 32, 64 or 128",
+          doc="query rows and keys per tile (default 64 on CUDA, 16 under Triton's interpreter)"),
+])
+class TritonBackend(Backend):
+    """Triton flash kernels with Shaw's and Transformer-XL's terms per tile (see the module docstring)."""
+
+    name = "triton"
+    traceable = False  # a torch.autograd.Function around kernel launches: dynamo does not trace into them
+
+    def __init__(self, key_bias: str = "mask", block: int | None = None):
+        self.key_bias, self.block = key_bias, block
+
+    def supports(self, p: Problem) -> str | None:
+        return triton_why_not(p, self.key_bias)
+
+    def declines(self, p: Problem) -> str | None:
+        if p.q.device.type == "cpu":
+            return "Triton's interpreter is for tests; ask for backend='triton' by name"
+        return None
+
+    def describe(self, p: Problem) -> str:
+        block = self.block or (16 if p.q.device.type == "cpu" else 64)
+        t = p.terms
+        parts = [f"Triton flash kernels in {block}x{block} tiles on {p.kernel.name} features"]
+        kb = p.kernel.sdpa_layout(self.key_bias) == "bias" or (t is not None and t.key_bias is not None)
+        if kb:
+            parts.append("a key bias")
+        if t is not None and t.q_feat is not None:
+            parts.append("concatenated positional features")
+        if t is not None and t.relative:
+            parts.append("Shaw's table gathered per tile")
+        if t is not None and t.relative_factors:
+            parts.append("Transformer-XL's term from the R rows each tile meets")
+        mode = _mode(p)
+        skip = {FULL: "", CAUSAL: ", tiles past the diagonal skipped", LOCAL: ", tiles outside the window skipped",
+                PADDING: ", tiles of padding skipped"}[mode]
+        return ", ".join(parts) + f"; filter {_MODE_NAMES[mode]}{skip}"
+
+    def run(self, p: Problem):
+        return triton_smoother(p, self.key_bias, self.block), None
