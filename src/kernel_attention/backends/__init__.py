@@ -7,7 +7,7 @@ order of :data:`ORDER`: ``sdpa``, ``flex``, ``banded``, ``squared``, ``blockwise
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
 from kernel_attention.backends import (sdpa, flex, banded, squared, blockwise, linear,  # noqa: F401  (register
-                                       dense)                                            # the backends)
+                                       dense, triton_flash)                              # the backends)
 from kernel_attention.backends.dispatch import AUTO, ORDER, BackendError, Choice, choose
 from kernel_attention.backends.linear import linear_crossover
 from kernel_attention.backends.policy import POLICIES, DevicePolicy, policy

@@ -31,7 +31,7 @@ __all__ = ["BackendError", "Choice", "choose", "resolve_backend", "ORDER", "AUTO
 AUTO = "auto"
 
 #: The order in which ``auto`` tries the backends: the fastest special cases first, dense last.
-ORDER = ("sdpa", "flex", "banded", "squared", "blockwise", "linear", "dense")
+ORDER = ("sdpa", "triton", "flex", "banded", "squared", "blockwise", "linear", "dense")
 
 
 class BackendError(ValueError):

@@ -1,0 +1,219 @@
+"""The ``triton`` backend against ``dense`` in float32: values and the gradients of q, k, v and of the positional
+parameters, over every kernel x position x filter it runs, with Transformer-XL's memory (Tq < Tk), empty rows and
+tiles that the filter skips.
+
+Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET=1 is set while this
+module loads them (Triton reads it when a kernel is defined) and during each of its tests, and restored after,
+so that no other test sees ``triton`` as able to run on the CPU.  With CUDA (a lent GPU, ``python -m pytest -q -m
+"gpu or triton"``) the same tests run the compiled kernels on the device.  Skipped where triton is not installed.
+"""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+_TRUE = ("1", "true", "on", "yes")
+ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0").lower() not in _TRUE
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+
+_before = os.environ.get("TRITON_INTERPRET")
+if not ON_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[gpu]')")
+    importlib.import_module("kernel_attention.backends.triton_kernels")
+finally:
+    if _before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _before
+
+import kernel_attention as ka  # noqa: E402
+from kernel_attention.backends import ORDER, choose  # noqa: E402
+from kernel_attention.backends.dispatch import BackendError, resolve_backend  # noqa: E402
+from kernel_attention.functional import attention, build_problem, validation  # noqa: E402
+from kernel_attention.positions import default_positions, make_position  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+B, H, D = 2, 2, 8
+DT = torch.float32
+KERNELS = ["exp", "rbf", "periodic"]
+POSITIONS = ["none", "shaw", "xl", "product"]
+FILTERS = [None, "causal", "local:window=4", "padding"]
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    """The interpreter for this module's tests only (on CPU tensors)."""
+    if not ON_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _key_mask(tk, b=B, empty=True):
+    """Sequence 1 padded from Tk // 2; with ``empty`` every key of sequence 0 is padding (empty rows)."""
+    km = torch.ones(b, tk, dtype=torch.bool)
+    km[-1, tk // 2:] = False
+    if empty:
+        km[0] = False
+    return km.to(DEVICE)
+
+
+def _setup(kernel, position, tq, tk, d=D, b=B, self_attention=True, seed=0):
+    torch.manual_seed(1)
+    pos = make_position(position, d_model=H * d, n_heads=H, d_head=d).to(DEVICE, DT)
+    kern = ka.make_kernel(kernel, n_heads=H, d_head=d).to(DEVICE, DT).eval()
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, H, t, d, generator=g, dtype=DT).to(DEVICE).requires_grad_() for t in (tq, tk, tk))
+    return pos, kern, q, k, v, default_positions(tq, tk, DEVICE, self_attention)
+
+
+def _run(backend, kernel, position="none", filt=None, tq=33, tk=33, key_mask=None, d=D, b=B,
+         self_attention=True, edit=None):
+    """Output and gradients (q, k, v, positional and kernel parameters) of one call; ``edit(q, k, v)`` changes
+    the inputs in place before it."""
+    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk, d, b, self_attention)
+    if edit is not None:
+        with torch.no_grad():
+            edit(q, k, v)
+    out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), key_mask=key_mask, backend=backend)
+    params = [q, k, v] + list(pos.parameters()) + [p for p in kern.parameters() if p.requires_grad]
+    gout = torch.cos(torch.arange(out.numel(), device=DEVICE, dtype=DT)).reshape(out.shape)
+    return out, torch.autograd.grad(out, params, gout, allow_unused=True)
+
+
+def _close(got, ref, atol=2e-5):
+    (out, grads), (out_ref, grads_ref) = got, ref
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, out_ref, atol=atol, rtol=atol)
+    for i, (x, y) in enumerate(zip(grads, grads_ref)):
+        if x is None or y is None:
+            assert (x is None or not x.any()) and (y is None or not y.any()), i
+        else:
+            assert torch.isfinite(x).all(), i
+            torch.testing.assert_close(x, y, atol=atol, rtol=atol, msg=lambda m: f"gradient {i}: {m}")
+
+
+def _problem(kernel, position="none", filt=None, tq=33, tk=33, key_mask=None, **kw):
+    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk)
+    return build_problem(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), key_mask=key_mask, **kw)
+
+
+@pytest.mark.parametrize("filt", FILTERS, ids=lambda f: str(f))
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_triton_matches_dense(kernel, position, filt):
+    """Every kernel x position x filter the backend accepts, T = 33 in tiles of 16 (a partial last tile)."""
+    km = _key_mask(33) if filt == "padding" else None
+    assert resolve_backend("triton").supports(_problem(kernel, position, filt, key_mask=km)) is None
+    _close(_run("triton", kernel, position, filt, key_mask=km), _run("dense", kernel, position, filt, key_mask=km))
+
+
+@pytest.mark.parametrize("tq,tk,filt", [(7, 40, "causal"), (7, 40, None), (16, 40, "local:window=5"),
+                                        (1, 33, "causal")])
+@pytest.mark.parametrize("position", ["xl", "shaw"])
+def test_memory_keys(position, tq, tk, filt):
+    """Tq < Tk (a memory in front of the segment): Transformer-XL's base + i - j and Shaw's offset o."""
+    _close(_run("triton", "exp", position, filt, tq, tk), _run("dense", "exp", position, filt, tq, tk))
+
+
+@pytest.mark.parametrize("t", [1, 7, 40])
+@pytest.mark.parametrize("position,filt", [("none", None), ("xl", "causal"), ("shaw", "local:window=4"),
+                                           ("none", "padding")])
+def test_lengths(t, position, filt):
+    km = _key_mask(t) if filt == "padding" else None
+    _close(_run("triton", "exp", position, filt, t, t, key_mask=km), _run("dense", "exp", position, filt, t, t,
+                                                                          key_mask=km))
+
+
+@pytest.mark.parametrize("backend", ["triton:key_bias=features", "triton:block=32"])
+@pytest.mark.parametrize("position,filt", [("xl", "causal"), ("shaw", None)])
+def test_head_size_batch_and_options(backend, position, filt):
+    """D = 16, B = 1; rbf's key term as a feature, tiles of 32."""
+    _close(_run(backend, "rbf", position, filt, 40, 40, d=16, b=1), _run("dense", "rbf", position, filt, 40, 40,
+                                                                         d=16, b=1))
+
+
+def test_causal_rows_before_every_key_are_empty():
+    """Tq > Tk under the lower-right causal filter: the first Tq - Tk queries see no key (zeros, zero gradient)."""
+    got = _run("triton", "exp", "none", "causal", 40, 7, self_attention=False)
+    _close(got, _run("dense", "exp", "none", "causal", 40, 7, self_attention=False))
+    assert not got[0][:, :, :33].any()
+
+
+def test_padding_without_any_real_key_gives_zeros():
+    km = _key_mask(33)
+    out, grads = _run("triton", "rbf", "xl", "padding", key_mask=km)
+    assert not out[0].any() and not grads[0][0].any() and not grads[1][0].any()
+
+
+def _poison(keys):
+    """Set q, k, v at keys ``keys`` to NaN: a tile that reads them would spread NaN into what it touches."""
+    def edit(q, k, v):
+        k[:, :, keys] = float("nan")
+        v[:, :, keys] = float("nan")
+    return edit
+
+
+def test_tiles_outside_the_filter_are_not_read():
+    """A local window of the last 7 of 40 keys never reaches keys [0, 16) (one tile); padded key tiles are
+    skipped too.  Their NaN would show in the output if a tile were read and masked instead of skipped."""
+    with validation(False):
+        got = _run("triton", "exp", "shaw", "local:window=4", 7, 40, edit=_poison(slice(0, 16)))
+        ref = _run("dense", "exp", "shaw", "local:window=4", 7, 40)
+        _close(got, ref)
+        km = torch.ones(B, 40, dtype=torch.bool)
+        km[:, :16] = False
+        km = km.to(DEVICE)
+        got = _run("triton", "rbf", "shaw", "padding", 40, 40, key_mask=km, edit=_poison(slice(0, 16)))
+    ref = _run("dense", "rbf", "shaw", "padding", 40, 40, key_mask=km)
+    (out, grads), (out_ref, grads_ref) = got, ref
+    torch.testing.assert_close(out, out_ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(grads[0], grads_ref[0], atol=2e-5, rtol=2e-5)  # q's gradient
+    assert torch.isfinite(grads[1][:, :, 16:]).all() and torch.isfinite(grads[2][:, :, 16:]).all()
+
+
+@pytest.mark.parametrize("case,why", [
+    (dict(kernel="ikas"), "no SDPA features"),
+    (dict(kernel="exp", dropout_p=0.1), "dropout"),
+    (dict(kernel="exp", need_weights=True), "need_weights"),
+    (dict(kernel="exp", filt="strided:stride=4"), "filter"),
+    (dict(kernel="exp", filt="causal&local:window=4"), "filter"),
+])
+def test_reasons(case, why):
+    case = dict(case)
+    kernel, filt = case.pop("kernel"), case.pop("filt", None)
+    p = _problem(kernel, "none", filt, **case)
+    reason = resolve_backend("triton").supports(p)
+    assert reason is not None and why in reason
+    with pytest.raises(BackendError, match="triton"):
+        choose(p, "triton")
+
+
+def test_value_table_and_float_mask_are_refused():
+    pos = make_position("shaw", d_model=H * D, n_heads=H, d_head=D, value_position="relative").to(DEVICE)
+    q, k, v = (torch.randn(B, H, 9, D, device=DEVICE) for _ in range(3))
+    p = build_problem(q, k, v, "exp", terms=pos.terms(q, k, *default_positions(9, 9, DEVICE, True)))
+    assert "value table" in resolve_backend("triton").supports(p)
+    p = build_problem(q, k, v, "exp", torch.zeros(9, 9, device=DEVICE))
+    assert "dense additive term" in resolve_backend("triton").supports(p)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the interpreter's rules are for CPU tensors")
+def test_cpu_needs_the_interpreter_and_auto_never_takes_it(monkeypatch):
+    """On the CPU: ``auto`` passes over ``triton`` (its interpreter is for tests), and without TRITON_INTERPRET
+    (every other test module) it does not even support the call."""
+    assert ORDER.index("triton") == ORDER.index("sdpa") + 1
+    p = _problem("exp", "shaw", "causal")
+    c = choose(p)
+    assert c.name != "triton" and "interpreter is for tests" in c.reasons["triton"]
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "TRITON_INTERPRET" in resolve_backend("triton").supports(p)
+    assert "TRITON_INTERPRET" in choose(p).reasons["triton"]
+
+
+def test_explain_describes_the_tiles():
+    text = resolve_backend("triton").describe(_problem("rbf", "xl", "causal"))
+    assert "Transformer-XL" in text and "key bias" in text and "tiles past the diagonal skipped" in text
