@@ -37,6 +37,8 @@ All tensors are contiguous with the batch and head folded into one leading axis 
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -45,7 +47,8 @@ __all__ = ["INTERPRETED", "FULL", "CAUSAL", "LOCAL", "PADDING", "flash_forward",
 
 #: whether the kernels below were built for Triton's interpreter (TRITON_INTERPRET=1 when this module was
 #: first imported): they then run on CPU tensors, one program after the other
-INTERPRETED = bool(triton.knobs.runtime.interpret)
+INTERPRETED = (bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs")  # Triton >= 3.4
+               else os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"))
 
 FULL, CAUSAL, LOCAL, PADDING = 0, 1, 2, 3
 
