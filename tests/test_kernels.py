@@ -58,7 +58,7 @@ def test_asymmetric_exp_is_not_symmetric():
     """Sanity of the PSD test: W_q != W_k gives a non-symmetric kernel matrix."""
     layer = ka.KernelAttention(8, 1, kernel="exp").double()
     x = torch.randn(1, 6, 8, dtype=torch.float64)
-    q, k, _, _ = layer.project(x, x, *[ka.encodings.as_positions(torch.arange(6), 1)] * 2)
+    q, k, _, _ = layer.project(x, x, *[ka.positions.encodings.as_positions(torch.arange(6), 1)] * 2)
     gram = layer.kernel.log_kernel(q, k)
     assert not torch.allclose(gram, gram.transpose(-1, -2))
 

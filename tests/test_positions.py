@@ -57,7 +57,7 @@ def test_shaw_clipping_ties_far_distances():
     """Beyond the clip distance every key gets the same table row: the positional factor is flat."""
     layer = _layer("shaw:clip=2")
     x = torch.randn(1, 8, 12, dtype=torch.float64)
-    pos = ka.encodings.as_positions(torch.arange(8), 1)
+    pos = ka.positions.encodings.as_positions(torch.arange(8), 1)
     q, k, _, terms = layer.project(x, x, pos, pos)
     log_t = terms.log_factor()  # (1, H, 8, 8)
     row = log_t[0, :, 7]  # query at 7: distances 7..0
@@ -86,13 +86,13 @@ def test_xl_equals_transformer_xl_rel_shift():
     # TXL: pos_seq = klen-1 .. 0.  TXL concatenates [sin | cos] halves where we interleave them: a fixed
     # permutation of the same features that W_R absorbs, so both sides use our sinusoid here.
     pos_seq = torch.arange(klen - 1, -1, -1.0, dtype=torch.float64)
-    pos_emb = ka.encodings.sinusoid(pos_seq, dm, torch.float64)
+    pos_emb = ka.positions.encodings.sinusoid(pos_seq, dm, torch.float64)
     r_head_k = (pos_emb @ xl.r_net[0].weight.t().double()).view(klen, H, d)
     AC = torch.einsum("ibnd,jbnd->ijbn", q + xl.u, k)
     BD = _rel_shift(torch.einsum("ibnd,jnd->ijbn", q + xl.v, r_head_k))
     txl = (AC + BD) / math.sqrt(d)  # (qlen, klen, 1, H)
     keep = torch.triu(torch.ones(qlen, klen), 1 + mlen) == 0
-    pos = ka.encodings.as_positions(torch.arange(klen), 1)
+    pos = ka.positions.encodings.as_positions(torch.arange(klen), 1)
     qh, kh, _, terms = layer.project(w[-qlen:].transpose(0, 1), w.transpose(0, 1), pos[:, -qlen:], pos)
     ours = (layer.kernel.log_kernel(qh, kh) + terms.log_factor())[0].permute(1, 2, 0)  # (qlen, klen, H)
     torch.testing.assert_close(ours[keep], txl[:, :, 0][keep], rtol=1e-10, atol=1e-10)
@@ -110,7 +110,7 @@ def test_product_kernel_is_product_of_symmetric_kernels():
     """Eq. 9: k = k_F(f) · k_T(t); both factors symmetric, the positional one PSD in t."""
     layer = _layer("product", symmetric=True)
     x = torch.randn(1, 6, 12, dtype=torch.float64)
-    pos = ka.encodings.as_positions(torch.arange(6), 1)
+    pos = ka.positions.encodings.as_positions(torch.arange(6), 1)
     q, k, _, terms = layer.project(x, x, pos, pos)
     log_t = terms.log_factor()[0]
     assert torch.allclose(log_t, log_t.transpose(-1, -2))
@@ -171,13 +171,13 @@ def test_two_axis_product_and_shaw_multiply_one_kernel_per_axis():
 def test_absolute_adds_encoding_at_every_layer_input():
     layer = _layer("absolute")
     f = torch.zeros(1, 4, 12, dtype=torch.float64)
-    t = ka.encodings.SinusoidalEncoding(12)(torch.arange(4)).double()
-    assert torch.allclose(layer.position.inputs(f, ka.encodings.as_positions(torch.arange(4), 1)), t)
+    t = ka.positions.encodings.SinusoidalEncoding(12)(torch.arange(4)).double()
+    assert torch.allclose(layer.position.inputs(f, ka.positions.encodings.as_positions(torch.arange(4), 1)), t)
 
 
 def test_sinusoid_matches_textbook_formula():
     from kernel_attention.reference import sinusoid_value
-    enc = ka.encodings.sinusoid(torch.tensor([0, 3, 17]), 8)
+    enc = ka.positions.encodings.sinusoid(torch.tensor([0, 3, 17]), 8)
     for i, p in enumerate([0, 3, 17]):
         torch.testing.assert_close(enc[i].double(), sinusoid_value(p, 8), rtol=1e-6, atol=1e-6)
 
