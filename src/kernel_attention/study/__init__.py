@@ -17,11 +17,11 @@ once), carry (finished cells imported from a runs.csv), states (where each cell 
 
 from kernel_attention.study.api import execute
 from kernel_attention.study.core import STUDIES, Cell, Study, StudyOptions, TableSpec, get_study, register_study
+from kernel_attention.study import definitions  # noqa: F401  (registers the paper studies; core imports none)
 
 __all__ = ["execute", "STUDIES", "Cell", "Study", "StudyOptions", "TableSpec", "get_study", "register_study",
            "study_names"]
 
 
 def study_names() -> list[str]:
-    from kernel_attention.study import definitions  # noqa: F401
     return sorted(STUDIES)

@@ -134,7 +134,8 @@ def register_study(study: Study) -> Study:
 
 
 def get_study(name: str) -> Study:
-    from kernel_attention.study import definitions  # noqa: F401  (registers the paper studies)
+    """The registered study ``name`` (the paper studies register when :mod:`kernel_attention.study` is
+    imported, through :mod:`~kernel_attention.study.definitions`)."""
     if name not in STUDIES:
         raise KeyError(f"unknown study {name!r}; accepted: {', '.join(sorted(STUDIES))}")
     return STUDIES[name]
