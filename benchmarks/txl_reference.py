@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     b, h, d = args.B, args.H, args.D
-    lines = [f"B={b}, H={h}, D={d}, {dtype}, causal, {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}",
+    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    lines = [f"B={b}, H={h}, D={d}, {dtype}, causal, {machine}",
              "", "| T | formulation | fwd ms | fwd+bwd ms | peak MB |", "|---|---|---|---|---|"]
     for t in args.T:
         torch.manual_seed(0)
