@@ -125,11 +125,14 @@ def test_sdpa_layout_says_what_sdpa_form_returns():
     """The backends read ``sdpa_layout`` instead of computing ``sdpa_form``: for every registered kernel
     and both key-bias modes they must agree (None / "bias" / "features")."""
     from kernel_attention.kernels import KERNELS, make_kernel
+    from kernel_attention.kernels.capabilities import sdpa_form, sdpa_layout
 
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
     for name in KERNELS.names():
         kern = make_kernel(name, n_heads=2, d_head=8)
         for key_bias in ("features", "mask"):
-            form = kern.sdpa_form(q, k, key_bias=key_bias)
+            form = sdpa_form(kern, q, k, key_bias=key_bias)
             expected = None if form is None else ("bias" if form.key_bias is not None else "features")
-            assert kern.sdpa_layout(key_bias) == expected, (name, key_bias)
+            assert sdpa_layout(kern, key_bias) == expected, (name, key_bias)
+    assert {n for n in KERNELS.names() if sdpa_layout(make_kernel(n, n_heads=2, d_head=8)) is not None} == {
+        "exp", "rbf", "periodic"}

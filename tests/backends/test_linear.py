@@ -7,6 +7,7 @@ from _common import D, DT, H, close, inputs, padding_mask, run
 
 import kernel_attention as ka
 from kernel_attention.functional import attention, explain
+from kernel_attention.kernels.capabilities import FeatureMap
 
 @pytest.mark.parametrize("kernel", ["linear", "poly", "poly:degree=3", "poly:degree=1"])
 @pytest.mark.parametrize("filt", [None, "causal", "padding", "causal&padding"])
@@ -49,9 +50,9 @@ def test_linear_slices_parameter_sets_the_groups():
         assert (text in why) if text else ("groups" not in why), why
 
 
-class _WeightedLinear(ka.Kernel):
+class _WeightedLinear(FeatureMap, ka.Kernel):
     """<a, b>_w = sum_d w_d^2 a_d b_d with a trainable (H, 1, D) w: a per-head parameter whose
-    gradient must come back through the scans."""
+    gradient must come back through the scans; a user's kernel that declares the FeatureMap capability."""
 
     name = "weighted_linear"
     positive = False
@@ -90,4 +91,6 @@ def test_poly_features_are_the_kernel():
         phi = kern.feature_map(x) @ kern.feature_map(y).T
         torch.testing.assert_close(phi, (x @ y.T) ** degree)
     assert ka.make_kernel("poly:degree=2").feature_map(x).shape[-1] == D * (D + 1) // 2
-    assert ka.make_kernel("exp").feature_map(x) is None
+    from kernel_attention.kernels.capabilities import feature_map
+
+    assert feature_map(ka.make_kernel("exp"), x) is None  # no capability: the backend's query says so

@@ -35,6 +35,7 @@ from torch import Tensor
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
 from kernel_attention.backends.policy import policy
 from kernel_attention.positions.difference_index import DifferenceIndex
+from kernel_attention.kernels.capabilities import sdpa_layout
 
 __all__ = ["BandedBackend", "shaw_clip", "banded_clip", "shaw_banded"]
 
@@ -72,7 +73,7 @@ def banded_why_not(p: Problem) -> str | None:
         return "it runs Shaw's table (position='shaw') alone, without a value table or other terms"
     if not (p.keep is None or p.causal):
         return f"filter {p.filter!r} is neither full nor causal"
-    if p.kernel.sdpa_layout() != "features":
+    if sdpa_layout(p.kernel) != "features":
         return f"kernel {p.kernel.name!r} has no SDPA features without a key bias"
     b, h, tq, tk = p.shape
     logits, index = t.relative[0]

@@ -26,6 +26,7 @@ from kernel_attention.filters import Filter
 from kernel_attention.kernels import Kernel
 from kernel_attention.registry import Registry
 from kernel_attention.smoother import PositionalTerms
+from kernel_attention.kernels.capabilities import sdpa_form
 
 __all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "key_only_mask"]
 
@@ -136,7 +137,7 @@ def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True
     the positional features of ``product`` concatenated unless ``positions`` is False:
     [q'; q_feat / scale] · [k'; k_feat] · scale adds <q_feat, k_feat>.  (None, None, 1.0, None) for a
     kernel without SDPA features."""
-    form = p.kernel.sdpa_form(p.q, p.k, key_bias=key_bias)
+    form = sdpa_form(p.kernel, p.q, p.k, key_bias=key_bias)
     if form is None:
         return None, None, 1.0, None
     qf, kf, scale, t = form.q, form.k, form.scale, p.terms

@@ -15,6 +15,7 @@ import torch
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.chunked import ChunkSpec, plan_blocks
 from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel, toeplitz_base
+from kernel_attention.kernels.capabilities import block_log_kernel
 
 __all__ = ["blocked_spec"]
 
@@ -39,7 +40,7 @@ def blocked_spec(p: Problem, qf, kf, scale: float, key_bias, rows: int, shared: 
         return len(extras) - 1
 
     if qf is None:  # a kernel with log_kernel only: log k per block, gradients through autograd
-        state, f = kern.blockwise(q, k)
+        state, f = block_log_kernel(kern, q, k)
         sliced = getattr(f, "sliced_args", None)  # how f indexes q, k and the state, if declared
         iq, ik = slot(q, "rows" if sliced is not None else None), slot(k, "cols" if sliced is not None else None)
         ist = [slot(x, sliced[i] if sliced else None) for i, x in enumerate(state)]

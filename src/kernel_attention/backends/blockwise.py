@@ -27,6 +27,7 @@ from kernel_attention.backends.policy import block_rows, policy
 from kernel_attention.backends.sdpa import shared_positions
 from kernel_attention.backends.sliced import SliceSpec, kept_blocks, relative_base, sliced_smoother
 from kernel_attention.registry import Param
+from kernel_attention.kernels.capabilities import sdpa_layout
 
 __all__ = ["BlockwiseBackend"]
 
@@ -59,7 +60,7 @@ class BlockwiseBackend(Backend):
     def _sliced(self, p: Problem) -> str | None:
         """"relative" or "shared" when ``p`` runs on the slice loops, else None."""
         pol = policy(p.q.device)
-        if pol.sliced_min_keys is None or p.shape[3] < pol.sliced_min_keys or p.kernel.sdpa_layout() is None:
+        if pol.sliced_min_keys is None or p.shape[3] < pol.sliced_min_keys or sdpa_layout(p.kernel) is None:
             return None
         if relative_base(p) is not None:
             return "relative"
@@ -73,7 +74,7 @@ class BlockwiseBackend(Backend):
         """``product``'s features enter per block instead of being concatenated (where the device has the
         slice loops: the CPU)."""
         return (policy(p.q.device).sliced_min_keys is not None and p.dropout_p == 0 and shared_positions(p)
-                and p.kernel.sdpa_layout() is not None)
+                and sdpa_layout(p.kernel) is not None)
 
     def rows(self, p: Problem) -> int:
         pol = policy(p.q.device)
@@ -91,7 +92,7 @@ class BlockwiseBackend(Backend):
             return (f"kernel {p.kernel.name!r} draws magnitude dropout (training); dense was faster up to "
                     f"{pol.dropout_blocked_elements} (B, H, Tq, Tk) elements (here {n})")
         if pol.sliced_min_keys is not None and p.shape[3] < pol.sliced_min_keys and direct_filter and (
-                self._shared(p) or (p.kernel.sdpa_layout() is not None and relative_base(p) is not None)):
+                self._shared(p) or (sdpa_layout(p.kernel) is not None and relative_base(p) is not None)):
             return (f"Tk={p.shape[3]} is below the {pol.sliced_min_keys} keys from which its slice loops run; "
                     f"dense was faster than its blocks at such lengths")
         if pol.dense_preferred_elements is None or n > pol.dense_preferred_elements or not direct_filter:
@@ -99,7 +100,7 @@ class BlockwiseBackend(Backend):
         if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
             return None
         factors = t is not None and bool(t.relative_factors)
-        if factors or p.kernel.sdpa_layout() is None:
+        if factors or sdpa_layout(p.kernel) is None:
             what = "Transformer-XL's relative factors" if factors else f"kernel {p.kernel.name!r} has no SDPA features"
             return (f"its blocks are launch-bound on this device ({what}); dense was faster up to "
                     f"{pol.dense_preferred_elements} (B, H, Tq, Tk) elements (here {n})")
@@ -109,7 +110,7 @@ class BlockwiseBackend(Backend):
         rows = self.rows(p)
         blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1]
         mode = self._sliced(p)
-        what = "log k per block" if p.kernel.sdpa_layout() is None else "SDPA features per block"
+        what = "log k per block" if sdpa_layout(p.kernel) is None else "SDPA features per block"
         text = f"{len(blocks)} blocks of {rows} query rows, {what}"
         if mode is not None:
             off = native.why_not(p.q.dtype)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.smoother import DIRECT_EPS, guard
+from kernel_attention.kernels.capabilities import feature_map
 
 __all__ = ["accumulator", "add_grads", "causal_scan", "quotient_grads"]
 
@@ -80,7 +81,7 @@ class _CausalScan(torch.autograd.Function):
             num = torch.matmul(kk, vc).to(acc)
             den = kk.sum(-1, keepdim=True, dtype=acc)
             if s is not None:
-                phi = kern.feature_map(qc).to(acc)
+                phi = feature_map(kern, qc).to(acc)
                 num = num + torch.matmul(phi, s)
                 den = den + torch.matmul(phi, z.unsqueeze(-1))
             den = guard(den)
@@ -88,7 +89,7 @@ class _CausalScan(torch.autograd.Function):
             dens.append(den)
             states.append((s, z))
             if j + chunk < tq:
-                phi = kern.feature_map(kc)
+                phi = feature_map(kern, kc)
                 if mc is not None:
                     phi = phi * mc
                 ds, dz = torch.matmul(phi.transpose(-1, -2), vc).to(acc), phi.sum(-2, dtype=acc)
@@ -126,11 +127,11 @@ class _CausalScan(torch.autograd.Function):
                 grads = [(torch.matmul(dn, vc.transpose(-1, -2)) + dd).to(kk.dtype)]
                 dvc = torch.matmul(kk.detach().transpose(-1, -2).to(acc), dn)
                 if s is not None:
-                    phi_q = kern.feature_map(qc)
+                    phi_q = feature_map(kern, qc)
                     outputs.append(phi_q)
                     grads.append((torch.matmul(dn, s.transpose(-1, -2)) + dd * z.unsqueeze(-2)).to(phi_q.dtype))
                 if g is not None:
-                    phi_k = kern.feature_map(kc)
+                    phi_k = feature_map(kern, kc)
                     if mc is not None:
                         phi_k = phi_k * mc
                     outputs.append(phi_k)

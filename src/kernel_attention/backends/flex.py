@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
 from kernel_attention.positions.difference_index import DifferenceIndex
+from kernel_attention.kernels.capabilities import sdpa_layout
 
 __all__ = ["FlexBackend", "flex_why_not", "flex_smoother"]
 
@@ -55,8 +56,8 @@ def flex_why_not(p: Problem, allow_cpu: bool = False) -> str | None:
         return f"FlexAttention is unavailable ({type(e).__name__}: {e})"
     if p.need_weights:
         return "need_weights=True: only dense forms the (Tq, Tk) weights"
-    if p.kernel.sdpa_layout() is None:
-        return f"kernel {p.kernel.name!r} has no SDPA features (Kernel.sdpa_form)"
+    if sdpa_layout(p.kernel) is None:
+        return f"kernel {p.kernel.name!r} has no SDPA features (capability SDPAFeatures)"
     if p.dropout_p > 0:
         return "dropout on the weights is not available in FlexAttention"
     t = p.terms

@@ -25,12 +25,13 @@ from torch import Tensor
 
 from kernel_attention.backends.causal_scan import accumulator, add_grads, quotient_grads
 from kernel_attention.smoother import guard
+from kernel_attention.kernels.capabilities import feature_map
 
 __all__ = ["full_scan"]
 
 
 def _masked_features(kern, x: Tensor, m: Tensor | None) -> Tensor:
-    phi = kern.feature_map(x)
+    phi = feature_map(kern, x)
     return phi if m is None else phi * m
 
 
@@ -46,7 +47,7 @@ class _FullScan(torch.autograd.Function):
             s, z = (ds, dz) if s is None else (s + ds, z + dz)
         outs, dens = [], []
         for r in range(0, q.shape[-2], chunk):
-            phi = kern.feature_map(q[..., r:r + chunk, :]).to(acc)
+            phi = feature_map(kern, q[..., r:r + chunk, :]).to(acc)
             den = guard(torch.matmul(phi, z.unsqueeze(-1)))
             outs.append((torch.matmul(phi, s) / den).to(q.dtype))
             dens.append(den)

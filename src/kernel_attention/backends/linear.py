@@ -30,13 +30,14 @@ from kernel_attention.backends.policy import policy
 from kernel_attention.backends.causal_scan import causal_scan
 from kernel_attention.backends.full_scan import full_scan
 from kernel_attention.registry import Param
+from kernel_attention.kernels.capabilities import feature_map
 
 __all__ = ["linear_crossover", "LinearBackend", "feature_size"]
 
 
 def feature_size(p: Problem) -> int | None:
     """F, the size of the kernel's feature map on this problem's heads (None: no finite map)."""
-    phi = p.kernel.feature_map(p.q[:1, :1, :1, :])
+    phi = feature_map(p.kernel, p.q[:1, :1, :1, :])
     return None if phi is None else phi.shape[-1]
 
 
@@ -93,7 +94,7 @@ class LinearBackend(Backend):
         if p.need_weights:
             return "need_weights=True: the linear form never forms the weights"
         if feature_size(p) is None:
-            return (f"kernel {p.kernel.name!r} has no finite feature map (Kernel.feature_map is None)"
+            return (f"kernel {p.kernel.name!r} has no finite feature map (capability FeatureMap)"
                     + ("; exp-family kernels need infinitely many features" if p.kernel.positive else
                        "; poly of this degree would need too many features"))
         t = p.terms

@@ -24,6 +24,7 @@ from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.policy import policy
 from kernel_attention.registry import Param
+from kernel_attention.kernels.capabilities import sdpa_layout
 
 __all__ = ["SdpaBackend", "shared_positions"]
 
@@ -52,9 +53,9 @@ class SdpaBackend(Backend):
     def supports(self, p: Problem) -> str | None:
         if p.need_weights:
             return "need_weights=True: only dense forms the (Tq, Tk) weights"
-        layout = p.kernel.sdpa_layout(self.key_bias)
+        layout = sdpa_layout(p.kernel, self.key_bias)
         if layout is None:
-            return f"kernel {p.kernel.name!r} has no SDPA features (Kernel.sdpa_form)"
+            return f"kernel {p.kernel.name!r} has no SDPA features (capability SDPAFeatures)"
         t = p.terms
         if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
                               or t.key_bias is not None):
@@ -79,7 +80,7 @@ class SdpaBackend(Backend):
         return None
 
     def describe(self, p: Problem) -> str:
-        how = "key bias" if p.kernel.sdpa_layout(self.key_bias) == "bias" else "features"
+        how = "key bias" if sdpa_layout(p.kernel, self.key_bias) == "bias" else "features"
         extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
         mask = ", causal" if p.keep is not None and not p.key_only else (", padding mask" if p.keep is not None else "")
         return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}"

@@ -59,6 +59,7 @@ from kernel_attention.backends.policy import block_rows, policy
 from kernel_attention.registry import Param
 from kernel_attention.dropout import block_seed, keep_mask
 from kernel_attention.kernels import SquaredForm
+from kernel_attention.kernels.capabilities import has_squared_form
 
 __all__ = ["SquaredBackend", "MAX_SPREAD", "masked_key_log", "key_spread", "squared_route", "squared_smoother"]
 
@@ -95,7 +96,7 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
     log factor (with its gradient; pass it to :meth:`Kernel.squared_form`); (None, "") when the kernel
     has no :class:`SquaredForm`; otherwise (None, why not, in words), which :class:`SquaredBackend`
     gives as its reason."""
-    if not p.kernel.has_squared_form():
+    if not has_squared_form(p.kernel):
         return None, ""
     t = p.terms
     if p.q.device.type != "cpu":
@@ -243,7 +244,7 @@ class SquaredBackend(Backend):
             return "need_weights=True: only dense forms the (Tq, Tk) weights"
         why = squared_route(p)[1]
         if why == "":
-            return f"kernel {p.kernel.name!r} has no squared form (Kernel.squared_form)"
+            return f"kernel {p.kernel.name!r} has no squared form (capability SquaredFeatures)"
         return why
 
     def declines(self, p: Problem) -> str | None:

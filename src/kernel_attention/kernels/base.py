@@ -69,7 +69,8 @@ class Kernel(nn.Module):
 
     Subclasses set ``positive`` and implement :meth:`log_kernel` (positive kernels) or :meth:`kernel`
     (direct kernels).  ``psd`` says whether the kernel is positive semi-definite when both arguments
-    come from the same projection (the symmetric form).
+    come from the same projection (the symmetric form).  What a fast backend can do with a kernel is
+    told by the capabilities it mixes in (:mod:`~kernel_attention.kernels.capabilities`).
     """
 
     name: str = "kernel"
@@ -88,55 +89,6 @@ class Kernel(nn.Module):
     def kernel(self, q: Tensor, k: Tensor) -> Tensor:
         """k(q_i, k_j): (B, H, Tq, D), (B, H, Tk, D) -> (B, H, Tq, Tk)."""
         return self.log_kernel(q, k).exp()
-
-    def sdpa_form(self, q: Tensor, k: Tensor, key_bias: str = "features") -> SDPAForm | None:
-        """This kernel as features for fused attention (:class:`SDPAForm`), or None when it has none
-        (then fast backends feed ``log_kernel`` block by block as an additive term).  ``key_bias``
-        asks for a per-key term as an augmented feature (``"features"``) or as a separate bias
-        (``"mask"``); kernels without such a term ignore it."""
-        return None
-
-    def sdpa_layout(self, key_bias: str = "features") -> str | None:
-        """What :meth:`sdpa_form` returns, without computing it (the backends ask several times per
-        call): None (no form), ``"bias"`` (a form with a key bias) or ``"features"``.  A kernel that
-        overrides :meth:`sdpa_form` overrides this too where the answer is not ``"features"``."""
-        return None if type(self).sdpa_form is Kernel.sdpa_form else "features"
-
-    def blockwise(self, q: Tensor, k: Tensor):
-        """``(state, f)`` with log k(q[rows], k[cols]) = f(rows, cols, q, k, *state) for any block of query
-        rows and key columns; per-call state (sampled spectral points, features) is computed once here.
-
-        Fast backends use it to form log k a block at a time.  Here there is no state and f is
-        :meth:`log_kernel` on the slices -- right for every kernel whose value on a pair depends on
-        that pair alone.  Kernels with per-call state override it (the similarity x magnitude kernels
-        draw their spectral points once; the implicit family also computes phi once)."""
-        # Each f reads q[..., r, :] and k[..., c, :] once; ``f.sliced_args`` declares how it reads its
-        # state ("rows", "cols" or None = whole), which lets backends give each block its own leaves.
-        def f(r, c, q, k):
-            return self.log_kernel(q[..., r, :], k[..., c, :])
-        f.sliced_args = []
-        return [], f
-
-    def has_squared_form(self) -> bool:
-        """Whether :meth:`squared_form` returns a :class:`SquaredForm` (decided without any tensor)."""
-        return False
-
-    def squared_key_log(self, k: Tensor) -> Tensor | None:
-        """The per-key log factor of :class:`SquaredForm`, (B, H, Tk), or None when the kernel has no
-        such form.  Separate from :meth:`squared_form` so that a backend can check its range (a factor
-        that spans too many orders of magnitude underflows) before any per-call state is drawn."""
-        return None
-
-    def squared_form(self, q: Tensor, k: Tensor, key_log: Tensor | None = None) -> SquaredForm | None:
-        """This kernel as :class:`SquaredForm`, or None; draws the per-call state (spectral points)
-        as :meth:`log_kernel` does, so call it once per call.  ``key_log``: the result of
-        :meth:`squared_key_log` (possibly masked) where the caller has it, used as the form's key term."""
-        return None
-
-    def feature_map(self, x: Tensor) -> Tensor | None:
-        """A finite feature map phi with k(a, b) = <phi(a), phi(b)>: (..., D) -> (..., F), or None when
-        the kernel has none (or it is too large to be worth it).  Used by the linear-time backend."""
-        return None
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.hparams().items())

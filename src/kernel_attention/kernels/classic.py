@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.kernels.base import KERNELS, Kernel, SDPAForm
+from kernel_attention.kernels.capabilities import FeatureMap, SDPAFeatures
 from kernel_attention.kernels.features import symmetric_square
 from kernel_attention.registry import Param
 
@@ -60,7 +61,7 @@ class _ScaledKernel(Kernel):
 
 
 @KERNELS.register("exp", [_scale])
-class ExpKernel(_ScaledKernel):
+class ExpKernel(SDPAFeatures, _ScaledKernel):
     """Exponential kernel exp(<a,b>·scale), scale = 1/sqrt(d) by default (Vaswani et al.)."""
 
     name = "exp"
@@ -73,7 +74,7 @@ class ExpKernel(_ScaledKernel):
 
 
 @KERNELS.register("rbf", [_scale])
-class RBFKernel(_ScaledKernel):
+class RBFKernel(SDPAFeatures, _ScaledKernel):
     """RBF kernel exp(-||a-b||^2·scale), scale = 1/sqrt(d) by default (Table 2: no factor 2).
 
     Computed as scale·(2<a,b> - ||a||^2 - ||b||^2), clamped so rounding never makes a squared distance
@@ -111,7 +112,7 @@ class RBFKernel(_ScaledKernel):
           rule="> 0; default pi*sqrt(2)*d^(1/4)"),
     Param("lengthscale", float, 1.0, check=lambda x: x > 0, rule="> 0"),
 ])
-class PeriodicKernel(Kernel):
+class PeriodicKernel(SDPAFeatures, Kernel):
     r"""Periodic (exp-sine-squared) kernel, one factor per feature axis:
 
         k(a, b) = exp( -(2 / l^2) · sum_i sin^2( pi (a_i - b_i) / p ) )
@@ -156,7 +157,7 @@ class PeriodicKernel(Kernel):
 @KERNELS.register("poly", [
     Param("degree", int, 2, check=lambda x: x >= 1, rule=">= 1"),
 ])
-class PolyKernel(Kernel):
+class PolyKernel(FeatureMap, Kernel):
     """Homogeneous polynomial kernel <a,b>^degree (Table 2: degree 2, no constant, no sqrt(d)).
 
     Normalised directly by the smoother.  Even degrees are non-negative (and PSD); odd degrees can be
@@ -198,7 +199,7 @@ class PolyKernel(Kernel):
 
 
 @KERNELS.register("linear")
-class LinearKernel(Kernel):
+class LinearKernel(FeatureMap, Kernel):
     """Linear kernel <a,b> (Table 2).  No scale: any scale cancels in k / sum k.
 
     It takes negative values, so the "probabilities" k / sum k can be negative or blow up when the

@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from kernel_attention.kernels.decomposition import decompose, lp_norm_sq
 from kernel_attention.kernels.base import KERNELS, SquaredForm
+from kernel_attention.kernels.capabilities import SquaredFeatures
 from kernel_attention.registry import Param
 from kernel_attention.kernels.similarity_magnitude import (ExpSinKernel, LinearMagnitudeKernel, RBFOnlyKernel,
                                                    SimilarityMagnitudeKernel)
@@ -107,7 +108,7 @@ _copula_params = [
 ]
 
 
-class ImplicitKernel(SimilarityMagnitudeKernel):
+class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
     """Random-Fourier similarity f^2 + eps with spectral points from an implicit density (or, in
     :class:`IKANDirectKernel`, parameters) and an Lp magnitude.  Needs ``d_head`` (and ``n_heads``):
     built by :class:`~kernel_attention.KernelAttention` or ``make_kernel(spec, n_heads=, d_head=)``."""

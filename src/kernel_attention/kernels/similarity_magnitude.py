@@ -21,12 +21,13 @@ from torch import Tensor
 from kernel_attention.kernels.decomposition import lp_norm_sq, magnitude
 from kernel_attention.dropout import block_seed, keep_mask
 from kernel_attention.kernels.base import KERNELS, Kernel
+from kernel_attention.kernels.capabilities import BlockState
 from kernel_attention.registry import Param
 
 __all__ = ["SimilarityMagnitudeKernel", "RBFOnlyKernel", "ExpSinKernel", "LinearMagnitudeKernel"]
 
 
-class SimilarityMagnitudeKernel(Kernel):
+class SimilarityMagnitudeKernel(BlockState, Kernel):
     """log k = log_similarity + log_magnitude.  Subclasses define :meth:`prepare` (per-call state,
     e.g. sampled spectral points) and :meth:`log_similarity`; ``p`` and ``denom`` set the magnitude."""
 
@@ -107,7 +108,7 @@ class SimilarityMagnitudeKernel(Kernel):
         return torch.zeros(())
 
     def blockwise(self, q: Tensor, k: Tensor):
-        """:meth:`Kernel.blockwise` with :meth:`prepare`'s per-call state (sampled spectral points)
+        """:meth:`BlockState.blockwise` with :meth:`prepare`'s per-call state (sampled spectral points)
         drawn once per call, as :meth:`log_kernel` does, and passed whole to every block."""
         state = self.prepare(q, k)
         state = [] if state is None else list(state)
