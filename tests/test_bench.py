@@ -13,10 +13,10 @@ def test_bench_runs_a_tiny_grid_and_writes_its_table(tmp_path, capsys):
     assert text.startswith("Command: `") and "Machine: " in text and "dtype float32" in text
     rows = load([str(out) + ".json"])
     got = {(r.kernel, r.backend) for r in rows}
-    # "sdpa": the plain scaled_dot_product_attention baseline; "auto": whichever backend auto picks
-    assert got == {("exp", "sdpa"), ("exp", "dense"), ("exp", "auto"), ("poly", "dense"), ("poly", "linear")}
+    # "torch-sdpa": the plain scaled_dot_product_attention baseline; "auto": whichever backend auto picks
+    assert got == {("exp", "torch-sdpa"), ("exp", "dense"), ("exp", "auto"), ("poly", "dense"), ("poly", "linear")}
     assert all(r.status == "ok" and r.fb_ms > 0 and r.fwd_ms > 0 for r in rows), [r.status for r in rows]
-    assert all(r.sdpa_fb_ms > 0 for r in rows if r.backend != "sdpa")  # the paired baseline
+    assert all(r.sdpa_fb_ms > 0 for r in rows if r.backend != "torch-sdpa")  # the paired baseline
     assert "| 32 | exp / none / causal | auto |" in text and "Targets:" in capsys.readouterr().out
 
 
@@ -28,12 +28,12 @@ def test_bench_times_training_shaped_calls_with_dropout(tmp_path):
                  "--out", str(out)]) == 0
     assert "dropout 0.1" in out.read_text()
     rows = load([str(out) + ".json"])
-    assert {r.backend for r in rows} == {"sdpa", "dense", "blockwise"}
+    assert {r.backend for r in rows} == {"torch-sdpa", "dense", "blockwise"}
     assert all(r.status == "ok" and r.fb_ms > 0 for r in rows), [r.status for r in rows]
 
 
 def test_report_ratios_and_targets():
-    r = [Result(4096, "exp", "none", "full", "sdpa", 1.0, 2.0, 10.0),
+    r = [Result(4096, "exp", "none", "full", "torch-sdpa", 1.0, 2.0, 10.0),
          Result(4096, "exp", "shaw", "full", "dense", 20.0, 40.0, 1000.0, sdpa_fwd_ms=1.0, sdpa_fb_ms=2.0),
          Result(4096, "exp", "shaw", "full", "banded", 2.0, 3.0, 100.0, sdpa_fwd_ms=1.0, sdpa_fb_ms=2.0),
          Result(2048, "poly", "none", "full", "dense", 1.0, 1.0, 50.0, sdpa_fwd_ms=1.0, sdpa_fb_ms=1.0),

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from kernel_attention.backends.bench_report import Result, summary, table
+from kernel_attention.backends.bench_report import BASELINE, Result, summary, table
 
 __all__ = ["main", "add_arguments", "run", "DEFAULT_VARIANTS"]
 
@@ -97,7 +97,7 @@ def run_cell(cell: dict) -> dict:
 
     def sdpa():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=drop)
-    if backend == "sdpa":
+    if backend == BASELINE:
         fn = sdpa
         params = []
     else:
@@ -146,7 +146,7 @@ def run_cell(cell: dict) -> dict:
     fwd_bwd()  # first pass: peak memory (and warm-up)
     first = (time.perf_counter() - t0) * 1000
     peak = ((torch.cuda.max_memory_allocated() - base) / 2 ** 20) if dev.type == "cuda" else _maxrss_mb() - base
-    paired = backend != "sdpa"
+    paired = backend != BASELINE
     out = {"peak_mb": peak}
     if paired:  # the SDPA baseline of the same shapes and filter, timed alongside
         fwd_bwd(sdpa)
@@ -282,7 +282,7 @@ def run(args) -> int:
                       checks=not args.no_checks, dropout=args.dropout,
                       repeats=args.repeats if t < 4096 else max(1, args.repeats - 1))
         for filt in dict.fromkeys(f for _, _, f in variants):
-            cell = dict(common, kernel="exp", position="none", filter=filt, backend="sdpa")
+            cell = dict(common, kernel="exp", position="none", filter=filt, backend=BASELINE)
             results.append(_run_child(cell, args.timeout))
             _progress(results[-1], started)
             _write(args, results, threads, dtype, started)
