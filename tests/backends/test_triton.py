@@ -111,6 +111,16 @@ def test_triton_matches_dense(kernel, position, filt):
     _close(_run("triton", kernel, position, filt, key_mask=km), _run("dense", kernel, position, filt, key_mask=km))
 
 
+@pytest.mark.parametrize("position,filt", [("xl", "causal"), ("shaw", "local:window=4"), ("none", "causal")])
+def test_sequence_filter_with_padding(position, filt):
+    """A causal or local filter and a key mask together (sequence 0 all padding: empty rows)."""
+    km = _key_mask(33)
+    p = _problem("rbf", position, filt, key_mask=km)
+    assert resolve_backend("triton").supports(p) is None
+    assert "with padding" in resolve_backend("triton").describe(p)
+    _close(_run("triton", "rbf", position, filt, key_mask=km), _run("dense", "rbf", position, filt, key_mask=km))
+
+
 @pytest.mark.parametrize("tq,tk,filt", [(7, 40, "causal"), (7, 40, None), (16, 40, "local:window=5"),
                                         (1, 33, "causal")])
 @pytest.mark.parametrize("position", ["xl", "shaw"])
@@ -217,3 +227,25 @@ def test_cpu_needs_the_interpreter_and_auto_never_takes_it(monkeypatch):
 def test_explain_describes_the_tiles():
     text = resolve_backend("triton").describe(_problem("rbf", "xl", "causal"))
     assert "Transformer-XL" in text and "key bias" in text and "tiles past the diagonal skipped" in text
+
+
+@pytest.mark.parametrize("position,filt", [("xl", "causal"), ("shaw", "local:window=4")])
+def test_layer_compiles_whole_graph(position, filt):
+    """The kernels are operators with fake implementations: a KernelAttention layer on ``triton`` compiles with
+    fullgraph=True and agrees with the eager layer on ``dense``, gradients included."""
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(16, 2, kernel="rbf", position=position, filter=filt, backend="triton").to(DEVICE)
+    x = torch.randn(2, 20, 16, device=DEVICE)
+    got = torch.compile(layer, fullgraph=True)(x)
+    grads = torch.autograd.grad(got.pow(2).sum(), list(layer.parameters()), allow_unused=True)
+    layer.backend = "dense"
+    ref = layer(x)
+    grads_ref = torch.autograd.grad(ref.pow(2).sum(), list(layer.parameters()), allow_unused=True)
+    _close((got, grads), (ref, grads_ref), atol=1e-4)
+
+
+def test_without_triton_the_reason_says_how_to_install(monkeypatch):
+    from kernel_attention.backends import triton_flash
+
+    monkeypatch.setattr(triton_flash, "INSTALLED", False)
+    assert "pip install 'kernel-attention[gpu]'" in resolve_backend("triton").supports(_problem("exp"))

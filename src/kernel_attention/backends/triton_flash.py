@@ -13,23 +13,25 @@ with kb a per-key bias (rbf's -s||k_j||^2 with ``key_bias=mask``, Transformer-XL
 * Transformer-XL's relative term (Eq. 5): qv_i · R[base + i - j], formed per tile from the BM + BN - 1 rows
   of R the tile meets (any Tk >= Tq: a memory in front of the segment).
 
-The filter is full, causal (lower-right aligned), local (|i + Tk - Tq - j| <= window) or padding (a
-per-key mask); tiles outside it are skipped, partial tiles masked, and a query with no kept key gets zeros
-and zero gradient.  The forward keeps only the output and the row log-sum-exp (O(T) memory); the backward
+The filter is full, causal (lower-right aligned) or local (|i + Tk - Tq - j| <= window), each alone or with
+padding (a per-key mask); tiles outside it are skipped, partial tiles masked, and a query with no kept key
+gets zeros and zero gradient.  The forward keeps only the output and the row log-sum-exp (O(T) memory); the backward
 recomputes the weights per tile (:mod:`~kernel_attention.backends.triton_kernels`).  No (Tq, Tk) tensor is
 formed in either pass.
 
-Triton is optional (``pip install 'kernel-attention[gpu]'``).  On CUDA the kernels are compiled; on CPU
-tensors they run under Triton's interpreter (``TRITON_INTERPRET=1`` set before the kernels are first
+The kernels are two operators with fake implementations (``kernel_attention::triton_flash_forward`` and
+``::triton_flash_backward``, the second the first's autograd formula), so ``torch.compile`` keeps a call in
+its graph.  Triton is optional (``pip install 'kernel-attention[gpu]'``).  On CUDA the kernels are compiled;
+on CPU tensors they run under Triton's interpreter (``TRITON_INTERPRET=1`` set before the kernels are first
 loaded), which is for tests only: ``auto`` never picks it there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import os
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -38,16 +40,18 @@ from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_
 from kernel_attention.positions.difference_index import DifferenceIndex
 from kernel_attention.filters import Local
 from kernel_attention.registry import Param
+from kernel_attention.kernels.capabilities import sdpa_layout
 
-__all__ = ["TritonBackend", "triton_why_not", "triton_smoother"]
+__all__ = ["TritonBackend", "triton_why_not", "triton_smoother", "flash_forward", "flash_backward"]
 
-FULL, CAUSAL, LOCAL, PADDING = 0, 1, 2, 3
-_MODE_NAMES = {FULL: "full", CAUSAL: "causal", LOCAL: "local", PADDING: "padding"}
+FULL, CAUSAL, LOCAL = 0, 1, 2  # the sequence filter (triton_kernels' MODE)
+_MODE_NAMES = {FULL: "full", CAUSAL: "causal", LOCAL: "local"}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+#: whether triton can be imported (found without importing it: TRITON_INTERPRET must be set before that)
+INSTALLED = importlib.util.find_spec("triton") is not None
+_KERNELS = None
 
 
 def _interpreting() -> bool:
@@ -55,20 +59,20 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
-@functools.lru_cache(maxsize=1)
 def _kernels():
     """The kernel module, imported on first use: whether its kernels are compiled or interpreted is fixed
     then, by TRITON_INTERPRET."""
-    from kernel_attention.backends import triton_kernels
+    global _KERNELS
+    if _KERNELS is None:
+        from kernel_attention.backends import triton_kernels
 
-    return triton_kernels
+        _KERNELS = triton_kernels
+    return _KERNELS
 
 
 def _loaded_interpreted() -> bool | None:
     """Whether the kernels were loaded for the interpreter; None when not loaded yet."""
-    if _kernels.cache_info().currsize == 0:
-        return None
-    return _kernels().INTERPRETED
+    return None if _KERNELS is None else _KERNELS.INTERPRETED
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -89,30 +93,25 @@ def _shaw_band(index, tq: int, tk: int, width: int) -> tuple[int, int] | None:
     return c, o
 
 
-def _mode(p: Problem) -> int | None:
+def _filter(p: Problem) -> tuple[int, Tensor | None] | None:
+    """(the sequence filter FULL, CAUSAL or LOCAL, the key mask (B|1, H|1, 1, Tk) bool or None) whose
+    intersection is ``p``'s filter, or None when it is not such an intersection.  Shapes and types only."""
     if p.keep is None:
-        return FULL
-    if p.causal:
-        return CAUSAL
-    if p.key_only:
-        return PADDING
-    if isinstance(p.filter, Local) and p.key_mask is None:
-        return LOCAL
-    return None
+        return FULL, None
+    if p.key_only:  # padding alone
+        return FULL, key_only_mask(p)
+    f = p.filter
+    if f is None or f.needs_key_mask or not (f.kind == "causal" or isinstance(f, Local)):
+        return None
+    mode = CAUSAL if f.kind == "causal" else LOCAL
+    # functional.resolve_mask: keep = the filter's mask & key_mask[:, None, None, :]
+    return mode, None if p.key_mask is None else p.key_mask[:, None, None, :]
 
 
 def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
     """None when the ``triton`` backend runs ``p``; otherwise why not."""
-    if not _installed():
+    if not INSTALLED:
         return "triton is not installed (pip install 'kernel-attention[gpu]')"
-    if p.need_weights:
-        return "need_weights=True: only dense forms the (Tq, Tk) weights"
-    if p.dropout_p > 0:
-        return "dropout on the weights is not in its kernels"
-    if p.kernel.sdpa_layout(key_bias) is None:
-        return f"kernel {p.kernel.name!r} has no SDPA features (Kernel.sdpa_form)"
-    if p.q.dtype not in _DTYPES:
-        return f"dtype {p.q.dtype}: its kernels take float32, bfloat16 or float16"
     dev = p.q.device.type
     if dev == "cpu":
         if not _interpreting():
@@ -121,6 +120,14 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
             return "its kernels were loaded compiled (TRITON_INTERPRET was not set when they were first used)"
     elif dev != "cuda":
         return f"device {dev!r}: its kernels run on CUDA (or on the CPU under Triton's interpreter)"
+    if p.need_weights:
+        return "need_weights=True: only dense forms the (Tq, Tk) weights"
+    if p.dropout_p > 0:
+        return "dropout on the weights is not in its kernels"
+    if sdpa_layout(p.kernel, key_bias) is None:
+        return f"kernel {p.kernel.name!r} has no SDPA features (capability SDPAFeatures)"
+    if p.q.dtype not in _DTYPES:
+        return f"dtype {p.q.dtype}: its kernels take float32, bfloat16 or float16"
     t = p.terms
     b, h, tq, tk = p.shape
     if t is not None:
@@ -140,8 +147,8 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
                 return "Transformer-XL's term with a table other than (H|1, R, d)"
             if toeplitz_base(index) is None:
                 return "Transformer-XL's term with an index other than base + i - j (default positions)"
-    if _mode(p) is None:
-        return f"filter {p.filter!r} is neither full, causal, local nor padding (alone)"
+    if _filter(p) is None:
+        return f"filter {p.filter!r} is not full, causal or local (each with or without padding)"
     return None
 
 
@@ -153,79 +160,119 @@ class _Config:
     off: int  # Tk - Tq: query i sits at key position i + off
     win: int
     scale: float
-    has_kb: bool
     c: int  # Shaw's clip (0: no table)
     soff: int  # Shaw's o in clip(o + i - j)
     xbase: int  # Transformer-XL's base in R[base + i - j]
-    has_xl: bool
-    block_m: int
-    block_n: int
+    block: int
 
-    def launch(self, q, v, qv, table) -> dict:
+    def launch(self, q, v, kb, km, qv, table) -> dict:
         """The keyword arguments every kernel takes."""
+        has_xl = qv is not None
         dk, dv = q.shape[-1], v.shape[-1]
-        dr = qv.shape[-1] if self.has_xl else 1
-        hr, rlen = (table.shape[0], table.shape[1]) if self.has_xl else (1, 0)
+        dr = qv.shape[-1] if has_xl else 1
+        hr, rlen = (table.shape[0], table.shape[1]) if has_xl else (1, 0)
         return dict(
             H=q.shape[1], Tq=q.shape[2], Tk=v.shape[2], DK=dk, DV=dv, DR=dr,
             RSTRIDE=rlen * dr if hr > 1 else 0, Rlen=rlen, scale=self.scale, OFF=self.off, WIN=self.win,
-            SOFF=self.soff, XBASE=self.xbase, HAS_KB=self.has_kb, HAS_SHAW=self.c > 0, C=self.c,
-            W=2 * self.c + 1, HAS_XL=self.has_xl, MODE=self.mode,
+            SOFF=self.soff, XBASE=self.xbase, HAS_KB=kb is not None, HAS_SHAW=self.c > 0, C=self.c,
+            W=2 * self.c + 1, HAS_XL=has_xl, MODE=self.mode, HAS_KM=km is not None,
             PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            BM=self.block_m, BN=self.block_n, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr),
-            WP=_pow2(self.block_m + self.block_n - 1), num_warps=4 if self.block_m * self.block_n <= 64 * 64 else 8)
+            BM=self.block, BN=self.block, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr),
+            WP=_pow2(2 * self.block - 1), num_warps=4 if self.block <= 64 else 8)
 
 
-class _Flash(torch.autograd.Function):
-    """out = softmax(s) v over the filter (see the module docstring), on contiguous (B, H, ...) tensors:
-    q (B, H, Tq, DK), k (B, H, Tk, DK), v (B, H, Tk, DV); kb (B, H, Tk) float32 or None; km (B, H, Tk) int8
-    or None; L (B, H, Tq, 2c + 1) float32 or None; qv (B, H, Tq, DR) and table (HR, Rlen, DR) or None."""
-
-    @staticmethod
-    def forward(ctx, cfg: _Config, q, k, v, kb, km, shaw, qv, table):
-        kern = _kernels()
-        b, h, tq, _ = q.shape
-        out = torch.empty(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device)
-        lse = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)
-        args = cfg.launch(q, v, qv, table)
-        grid = (triton_cdiv(tq, cfg.block_m), b * h)
-        kern.flash_forward[grid](q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q),
-                                 out, lse, **args)
-        ctx.cfg = cfg
-        ctx.save_for_backward(q, k, v, kb, km, shaw, qv, table, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, gout):
-        kern = _kernels()
-        cfg = ctx.cfg
-        q, k, v, kb, km, shaw, qv, table, out, lse = ctx.saved_tensors
-        b, h, tq, _ = q.shape
-        tk = k.shape[2]
-        gout = gout.contiguous()
-        delta = (gout.float() * out.float()).sum(-1)  # (B, H, Tq): dO_i · out_i
-        args = cfg.launch(q, v, qv, table)
-        ptrs = (q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), gout, lse, delta)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dkb = torch.empty_like(kb) if kb is not None else None
-        dshaw = torch.empty_like(shaw) if shaw is not None else None
-        dqv = torch.empty_like(qv) if qv is not None else None
-        dtable = torch.zeros(table.shape, dtype=torch.float32, device=table.device) if table is not None else None
-        kern.flash_backward_kv[(triton_cdiv(tk, cfg.block_n), b * h)](*ptrs, dk, dv, _or(dkb, lse), **args)
-        kern.flash_backward_q[(triton_cdiv(tq, cfg.block_m), b * h)](
-            *ptrs, dq, _or(dshaw, lse), _or(dqv, q), _or(dtable, lse), BW=_pow2(2 * cfg.c + 1), **args)
-        if dtable is not None:
-            dtable = dtable.to(table.dtype)
-        return None, dq, dk, dv, dkb, None, dshaw, dqv, dtable
-
-
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
 def _or(x, y):
     """x, or a placeholder pointer for a kernel argument it does not read."""
     return y if x is None else x
+
+
+def _none_if_empty(x: Tensor) -> Tensor | None:
+    return None if x.numel() == 0 else x
+
+
+# The kernels as two operators with fake implementations (shapes only), so that torch.compile keeps them whole
+# in a graph, and the backward as the forward operator's autograd formula.  Inputs are contiguous (B, H, ...)
+# tensors: q (B, H, Tq, DK), k (B, H, Tk, DK), v (B, H, Tk, DV); kb (B, H, Tk) float32; km (B, H, Tk) int8;
+# shaw (B, H, Tq, 2c + 1) float32; qv (B, H, Tq, DR) and table (HR, Rlen, DR); absent ones None.  A gradient
+# of an absent input comes back as an empty tensor (an operator returns tensors only).
+
+@torch.library.custom_op("kernel_attention::triton_flash_forward", mutates_args=())
+def flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Optional[Tensor], shaw: Optional[Tensor],
+                  qv: Optional[Tensor], table: Optional[Tensor], mode: int, off: int, win: int, scale: float, c: int,
+                  soff: int, xbase: int, block: int) -> tuple[Tensor, Tensor]:
+    """(out (B, H, Tq, DV), lse2 (B, H, Tq) float32: the row log2-sum-exp2 of log2(e)·s, +inf for an empty row)."""
+    cfg = _Config(mode, off, win, scale, c, soff, xbase, block)
+    b, h, tq, _ = q.shape
+    out = torch.empty(b, h, tq, v.shape[-1], dtype=v.dtype, device=v.device)
+    lse = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)
+    _kernels().flash_forward[(_cdiv(tq, block), b * h)](
+        q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), out, lse,
+        **cfg.launch(q, v, kb, km, qv, table))
+    return out, lse
+
+
+@flash_forward.register_fake
+def _(q, k, v, kb, km, shaw, qv, table, mode, off, win, scale, c, soff, xbase, block):
+    b, h, tq, _ = q.shape
+    return v.new_empty(b, h, tq, v.shape[-1]), q.new_empty(b, h, tq, dtype=torch.float32)
+
+
+@torch.library.custom_op("kernel_attention::triton_flash_backward", mutates_args=())
+def flash_backward(gout: Tensor, q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Optional[Tensor],
+                   shaw: Optional[Tensor], qv: Optional[Tensor], table: Optional[Tensor], out: Tensor, lse: Tensor,
+                   mode: int, off: int, win: int, scale: float, c: int, soff: int, xbase: int,
+                   block: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dkb, dshaw, dqv, dtable), empty where the input is absent."""
+    cfg = _Config(mode, off, win, scale, c, soff, xbase, block)
+    kern = _kernels()
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    gout = gout.contiguous()
+    delta = (gout.float() * out.float()).sum(-1)  # (B, H, Tq): dO_i · out_i
+    args = cfg.launch(q, v, kb, km, qv, table)
+    ptrs = (q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), gout, lse, delta)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    empty = q.new_empty(0)
+    dkb = torch.empty_like(kb) if kb is not None else empty
+    dshaw = torch.empty_like(shaw) if shaw is not None else empty.clone()
+    dqv = torch.empty_like(qv) if qv is not None else empty.clone()
+    dtable = torch.zeros(table.shape, dtype=torch.float32, device=q.device) if table is not None else empty.clone()
+    kern.flash_backward_kv[(_cdiv(tk, block), b * h)](*ptrs, dk, dv, _or(_none_if_empty(dkb), lse), **args)
+    kern.flash_backward_q[(_cdiv(tq, block), b * h)](
+        *ptrs, dq, _or(_none_if_empty(dshaw), lse), _or(_none_if_empty(dqv), q), _or(_none_if_empty(dtable), lse),
+        BW=_pow2(2 * c + 1), **args)
+    if table is not None:
+        dtable = dtable.to(table.dtype)
+    return dq, dk, dv, dkb, dshaw, dqv, dtable
+
+
+@flash_backward.register_fake
+def _(gout, q, k, v, kb, km, shaw, qv, table, out, lse, mode, off, win, scale, c, soff, xbase, block):
+    like = lambda x: q.new_empty(0) if x is None else torch.empty_like(x)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(kb), like(shaw), like(qv),
+            like(table))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, kb, km, shaw, qv, table, *params = inputs
+    ctx.params = params
+    ctx.save_for_backward(q, k, v, kb, km, shaw, qv, table, *output)
+
+
+def _backward(ctx, gout, glse):
+    q, k, v, kb, km, shaw, qv, table, out, lse = ctx.saved_tensors
+    dq, dk, dv, dkb, dshaw, dqv, dtable = flash_backward(gout, q, k, v, kb, km, shaw, qv, table, out, lse,
+                                                         *ctx.params)
+    keep = lambda g, x: None if x is None else g
+    return (dq, dk, dv, keep(dkb, kb), None, keep(dshaw, shaw), keep(dqv, qv), keep(dtable, table)) + \
+        (None,) * len(ctx.params)
+
+
+flash_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None) -> Tensor:
@@ -242,10 +289,9 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     if kbs:
         kb = kbs[0] if len(kbs) == 1 else kbs[0] + kbs[1]
         kb = kb.float().expand(b, h, 1, tk).reshape(b, h, tk).contiguous()
-    mode = _mode(p)
-    km = None
-    if mode == PADDING:
-        km = key_only_mask(p).expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
+    mode, km = _filter(p)
+    if km is not None:
+        km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
     c = soff = xbase = 0
     shaw = qv = table = None
     if t is not None and t.relative:
@@ -259,11 +305,10 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
         table = tab.to(dtype).contiguous()
     if block is None:
         block = 16 if p.q.device.type == "cpu" else 64
-    cfg = _Config(mode=mode, off=tk - tq, win=p.filter.window if mode == LOCAL else 0, scale=float(scale),
-                  has_kb=kb is not None, c=c, soff=soff, xbase=xbase, has_xl=qv is not None,
-                  block_m=block, block_n=block)
-    return _Flash.apply(cfg, qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), p.v.contiguous(), kb, km,
-                        shaw, qv, table)
+    out, _ = flash_forward(qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), p.v.contiguous(), kb, km, shaw,
+                           qv, table, mode, tk - tq, p.filter.window if mode == LOCAL else 0, float(scale), c, soff,
+                           xbase, block)
+    return out
 
 
 @BACKENDS.register("triton", [
@@ -276,7 +321,7 @@ class TritonBackend(Backend):
     """Triton flash kernels with Shaw's and Transformer-XL's terms per tile (see the module docstring)."""
 
     name = "triton"
-    traceable = False  # a torch.autograd.Function around kernel launches: dynamo does not trace into them
+    traceable = True  # the kernels are operators with fake implementations (flash_forward, flash_backward)
 
     def __init__(self, key_bias: str = "mask", block: int | None = None):
         self.key_bias, self.block = key_bias, block
@@ -293,7 +338,7 @@ class TritonBackend(Backend):
         block = self.block or (16 if p.q.device.type == "cpu" else 64)
         t = p.terms
         parts = [f"Triton flash kernels in {block}x{block} tiles on {p.kernel.name} features"]
-        kb = p.kernel.sdpa_layout(self.key_bias) == "bias" or (t is not None and t.key_bias is not None)
+        kb = sdpa_layout(p.kernel, self.key_bias) == "bias" or (t is not None and t.key_bias is not None)
         if kb:
             parts.append("a key bias")
         if t is not None and t.q_feat is not None:
@@ -302,10 +347,12 @@ class TritonBackend(Backend):
             parts.append("Shaw's table gathered per tile")
         if t is not None and t.relative_factors:
             parts.append("Transformer-XL's term from the R rows each tile meets")
-        mode = _mode(p)
-        skip = {FULL: "", CAUSAL: ", tiles past the diagonal skipped", LOCAL: ", tiles outside the window skipped",
-                PADDING: ", tiles of padding skipped"}[mode]
-        return ", ".join(parts) + f"; filter {_MODE_NAMES[mode]}{skip}"
+        mode, km = _filter(p)
+        skip = {FULL: "", CAUSAL: ", tiles past the diagonal skipped", LOCAL: ", tiles outside the window skipped"}
+        padding = (" with padding" if mode != FULL else "padding") if km is not None else ""
+        name = "" if mode == FULL and km is not None else _MODE_NAMES[mode]
+        return ", ".join(parts) + f"; filter {name}{padding}{skip[mode]}" + (
+            ", key tiles of padding skipped" if km is not None else "")
 
     def run(self, p: Problem):
         return triton_smoother(p, self.key_bias, self.block), None

@@ -6,14 +6,15 @@ The logit of a pair, in natural units, is
     s_ij = scale · <q'_i, k'_j> + kb_j + L[i, clip(o_s + i - j, -c, c) + c] + qv_i · R[base + i - j]
 
 (key bias; Shaw's clipped table, Transformer Dissection Eq. 6; Transformer-XL's relative term, Eq. 5), each
-present or not (``HAS_KB``, ``HAS_SHAW``, ``HAS_XL``), and the filter (``MODE``) keeps a pair or not:
+present or not (``HAS_KB``, ``HAS_SHAW``, ``HAS_XL``), and the filter keeps a pair where its sequence
+filter (``MODE``) and, with ``HAS_KM``, the key mask (padding) both keep it:
 
     FULL     every key              CAUSAL   j <= i + off
-    LOCAL    |i + off - j| <= win   PADDING  km[b, j]
+    LOCAL    |i + off - j| <= win   HAS_KM   km[b, j]
 
-with off = Tk - Tq (lower-right alignment).  Tiles outside the filter's span are never visited (FULL,
-CAUSAL, LOCAL: from the tile's coordinates; PADDING: a key tile whose mask is all False); partial tiles
-are masked per pair.
+with off = Tk - Tq (lower-right alignment).  Tiles outside the filter's span are never visited (the
+sequence filter's, from the tile's coordinates; a key tile whose mask is all False); partial tiles are
+masked per pair.
 
 Forward (one program per (query tile, batch·head)): online soft-max in base 2 (p = 2^(log2(e)·s - m)),
 writes out (B·H, Tq, Dv) and the row log-sum-exp lse2 = m + log2(l) (B·H, Tq), +inf for a row with no
@@ -42,7 +43,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "FULL", "CAUSAL", "LOCAL", "PADDING", "flash_forward", "flash_backward_kv",
+__all__ = ["INTERPRETED", "FULL", "CAUSAL", "LOCAL", "flash_forward", "flash_backward_kv",
            "flash_backward_q"]
 
 #: whether the kernels below were built for Triton's interpreter (TRITON_INTERPRET=1 when this module was
@@ -50,13 +51,13 @@ __all__ = ["INTERPRETED", "FULL", "CAUSAL", "LOCAL", "PADDING", "flash_forward",
 INTERPRETED = (bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs")  # Triton >= 3.4
                else os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"))
 
-FULL, CAUSAL, LOCAL, PADDING = 0, 1, 2, 3
+FULL, CAUSAL, LOCAL = 0, 1, 2
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _keep(offs_m, offs_n, Tq, Tk, OFF, WIN, km, MODE: tl.constexpr):
+def _keep(offs_m, offs_n, Tq, Tk, OFF, WIN, km, MODE: tl.constexpr, HAS_KM: tl.constexpr):
     """(BM, BN) bool: the pair is in range and kept by the filter."""
     keep = (offs_m[:, None] < Tq) & (offs_n[None, :] < Tk)
     if MODE == 1:
@@ -64,7 +65,7 @@ def _keep(offs_m, offs_n, Tq, Tk, OFF, WIN, km, MODE: tl.constexpr):
     if MODE == 2:
         dist = offs_m[:, None] + OFF - offs_n[None, :]
         keep = keep & (dist <= WIN) & (dist >= -WIN)
-    if MODE == 3:
+    if HAS_KM:
         keep = keep & (km[None, :] != 0)
     return keep
 
@@ -74,7 +75,7 @@ def _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff,
             OFF, WIN, km,
             HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
             HAS_XL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr, BDR: tl.constexpr,
-            MODE: tl.constexpr, PREC: tl.constexpr):
+            MODE: tl.constexpr, HAS_KM: tl.constexpr, PREC: tl.constexpr):
     """The tile's logits in base 2, log2(e) · s (BM, BN), -inf where the filter drops the pair; and the
     window of R rows the tile meets (WP, BDR) (zeros unless HAS_XL)."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
@@ -95,7 +96,7 @@ def _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff,
         s += tl.gather(qr, wi, axis=1)
     else:
         rw = tl.zeros([WP, BDR], q.dtype)
-    keep = _keep(offs_m, offs_n, Tq, Tk, OFF, WIN, km, MODE)
+    keep = _keep(offs_m, offs_n, Tq, Tk, OFF, WIN, km, MODE, HAS_KM)
     return tl.where(keep, s * 1.4426950408889634, float("-inf")), rw
 
 
@@ -129,7 +130,7 @@ def _query_range(n0, Tq, OFF, WIN, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.
 def flash_forward(Q, K, V, KB, KM, L, QV, R, O, LSE,
                   H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, WIN, SOFF, XBASE,
                   HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
-                  HAS_XL: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr,
+                  HAS_XL: tl.constexpr, MODE: tl.constexpr, HAS_KM: tl.constexpr, PREC: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                   BDR: tl.constexpr, WP: tl.constexpr):
     """out (B·H, Tq, DV) and lse2 (B·H, Tq) for one tile of BM query rows; grid (cdiv(Tq, BM), B·H)."""
@@ -155,15 +156,15 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, O, LSE,
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
         km = cols.to(tl.int8)
-        if MODE == 3:
+        if HAS_KM:
             km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
-        if tl.max(km.to(tl.int32), 0) > 0:  # a padding tile with no real key is skipped
+        if tl.max(km.to(tl.int32), 0) > 0:  # a key tile with no kept key (all padding) is skipped
             k = tl.load(K + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :],
                         mask=cols[:, None] & (dk[None, :] < DK), other=0.0)
             v = tl.load(V + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :],
                         mask=cols[:, None] & (dv[None, :] < DV), other=0.0)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
-                            SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, PREC)
+                            SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, HAS_KM, PREC)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no kept key yet: 2^(-inf) = 0
             alpha = tl.exp2(m_i - m_safe)
@@ -184,7 +185,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, O, LSE,
 def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DK_, DV_, DKB,
                       H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, WIN, SOFF, XBASE,
                       HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
-                      HAS_XL: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr,
+                      HAS_XL: tl.constexpr, MODE: tl.constexpr, HAS_KM: tl.constexpr, PREC: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                       BDR: tl.constexpr, WP: tl.constexpr):
     """dk (B·H, Tk, DK), dv (B·H, Tk, DV) and dkb (B·H, Tk) (float32) for one tile of BN keys; grid
@@ -202,7 +203,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DK_, DV_, DKB,
     v = tl.load(V + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :], mask=cols[:, None] & (dv[None, :] < DV),
                 other=0.0)
     km = cols.to(tl.int8)
-    if MODE == 3:
+    if HAS_KM:
         km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
     acc_k = tl.zeros([BN, BDK], tl.float32)
     acc_v = tl.zeros([BN, BDV], tl.float32)
@@ -224,7 +225,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DK_, DV_, DKB,
         lse = tl.load(LSE + bh * Tq + offs_m, mask=rows, other=float("inf"))
         delta = tl.load(DELTA + bh * Tq + offs_m, mask=rows, other=0.0)
         s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
-                        SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, PREC)
+                        SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, HAS_KM, PREC)
         p = tl.exp2(s - lse[:, None])
         acc_v += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -243,7 +244,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DK_, DV_, DKB,
 def flash_backward_q(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DQ, DL, DQV, DRT,
                      H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, WIN, SOFF, XBASE,
                      HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
-                     HAS_XL: tl.constexpr, MODE: tl.constexpr, PREC: tl.constexpr,
+                     HAS_XL: tl.constexpr, MODE: tl.constexpr, HAS_KM: tl.constexpr, PREC: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                      BDR: tl.constexpr, WP: tl.constexpr, BW: tl.constexpr):
     """dq (B·H, Tq, DK), Shaw's dL (B·H, Tq, W) and Transformer-XL's dqv (B·H, Tq, DR) for one tile of BM
@@ -276,7 +277,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DQ, DL, DQV, DRT
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
         km = cols.to(tl.int8)
-        if MODE == 3:
+        if HAS_KM:
             km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
         if tl.max(km.to(tl.int32), 0) > 0:
             k = tl.load(K + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :],
@@ -284,7 +285,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DQ, DL, DQV, DRT
             v = tl.load(V + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :],
                         mask=cols[:, None] & (dv[None, :] < DV), other=0.0)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
-                            SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, PREC)
+                            SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, HAS_KM, PREC)
             p = tl.exp2(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
