@@ -178,7 +178,8 @@ class _Config:
             W=2 * self.c + 1, HAS_XL=has_xl, MODE=self.mode, HAS_KM=km is not None,
             PREC="ieee" if q.dtype == torch.float32 else "tf32",
             BM=self.block, BN=self.block, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr),
-            WP=_pow2(2 * self.block - 1), num_warps=4 if self.block <= 64 else 8)
+            # 8 warps where a tile holds more: Transformer-XL's (BM, 2·BN) window products, or 128-wide tiles
+            WP=_pow2(2 * self.block - 1), num_warps=8 if has_xl or self.block > 64 else 4)
 
 
 def _cdiv(a: int, b: int) -> int:
