@@ -185,3 +185,76 @@ def test_specs_and_filter_masks_are_kept_between_calls():
     out = ka.attention(q, k, v, "rbf", "causal&local:window=2", backend="dense")
     ref = ka.attention(q, k, v, ka.make_kernel("rbf"), ka.make_filter("causal&local:window=2"), backend="dense")
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+# ---- the input audit: each case failed before (a raw torch error, NaN, or None for a zero gradient) ----------
+
+@pytest.mark.parametrize("backend", ["auto", "dense", "blockwise"])
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic", "poly"])
+def test_a_float_mask_of_any_broadcastable_rank_runs_on_every_backend(kernel, backend):
+    if backend == "blockwise" and kernel == "poly":
+        pytest.skip("blockwise runs positive kernels only")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 4) for _ in range(3))
+    mask = torch.randn(8, 8)  # (Tq, Tk), as scaled_dot_product_attention takes it
+    ref = ka.attention(q, k, v, kernel=kernel, mask=mask[None, None].expand(2, 2, 8, 8), backend="dense")
+    torch.testing.assert_close(ka.attention(q, k, v, kernel=kernel, mask=mask, backend=backend), ref)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_plus_inf_in_a_float_mask_are_refused_while_minus_inf_drops_a_key(bad):
+    q, k, v = (torch.randn(1, 2, 4, 4) for _ in range(3))
+    mask = torch.zeros(4, 4)
+    mask[1, 2] = bad
+    with pytest.raises(ValueError, match=r"float mask contains NaN or \+inf"):
+        ka.attention(q, k, v, mask=mask)
+    with pytest.raises(ValueError, match=r"bias contains NaN or \+inf"):
+        ka.attention(q, k, v, bias=mask)
+    mask[1, 2] = float("-inf")
+    bool_mask = torch.ones(4, 4, dtype=torch.bool)
+    bool_mask[1, 2] = False
+    torch.testing.assert_close(ka.attention(q, k, v, mask=mask), ka.attention(q, k, v, mask=bool_mask))
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "poly", "ikas"])
+@pytest.mark.parametrize("backend", ["auto", "dense"])
+def test_a_float_mask_of_minus_inf_everywhere_gives_zeros_and_zero_gradients(kernel, backend):
+    q, k, v = (torch.randn(1, 2, 6, 4, requires_grad=True) for _ in range(3))
+    kern = ka.make_kernel(kernel, n_heads=2, d_head=4)
+    out = ka.attention(q, k, v, kernel=kern, mask=torch.full((6, 6), float("-inf")), backend=backend)
+    assert torch.equal(out, torch.zeros_like(out))
+    grads = torch.autograd.grad(out.sum(), [q, k, v], allow_unused=True)
+    assert all(g is not None and torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+def test_bad_sizes_and_parameters_are_refused_naming_what_is_accepted():
+    q, k, v = (torch.randn(1, 1, 4, 3) for _ in range(3))
+    with pytest.raises(ValueError, match="D and Dv must be at least 1"):
+        ka.attention(q[..., :0], k[..., :0], v)
+    with pytest.raises(ka.SpecError, match="scale=inf must satisfy: finite and > 0"):
+        ka.attention(q, k, v, kernel="rbf:scale=inf")
+    with pytest.raises(ka.SpecError, match="degree=1000000000 must satisfy: 1..32"):
+        ka.attention(q, k, v, kernel="poly:degree=1000000000")
+    for p in (-0.1, 1.0, 1.5):
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+            ka.attention(q, k, v, dropout_p=p)
+    layer = ka.KernelAttention(8, 2, filter="causal")
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 5\) does not broadcast"):
+        layer(torch.randn(2, 6, 8), mask=torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("kernel", ["rbf-only", "expsin"])
+def test_a_gradient_that_should_be_zero_is_zero_not_none(kernel):
+    q, k, v = (torch.randn(1, 2, 1, 4, requires_grad=True) for _ in range(3))
+    kern = ka.make_kernel(kernel, n_heads=2, d_head=4)
+    out = ka.attention(q, k, v, kernel=kern, mask=torch.zeros(1, 1, 1, 1, dtype=torch.bool))
+    grads = torch.autograd.grad(out.sum(), [q, k, v], allow_unused=True)
+    assert all(g is not None and not g.any() for g in grads)
+
+
+def test_xl_on_an_all_padding_batch_gives_every_parameter_a_zero_gradient():
+    layer = ka.KernelAttention(8, 2, position="xl")
+    layer(torch.randn(2, 300, 8), key_mask=torch.zeros(2, 300, dtype=torch.bool)).sum().backward()
+    grads = {n: p.grad for n, p in layer.named_parameters() if n.startswith("position.")}
+    assert set(grads) == {"position.u", "position.v", "position.r_net.0.weight"}
+    assert all(g is not None and not g.any() for g in grads.values())

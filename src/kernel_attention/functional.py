@@ -91,9 +91,10 @@ def validation(enabled: bool | str):
         _VALIDATE = old
 
 
-def check_finite(tensors: dict) -> None:
-    """Raise ``ValueError`` naming the first of ``tensors`` ({name: tensor}) that holds NaN or inf, as
-    :func:`validation` says: one reduction per tensor and one read of their total in eager mode."""
+def check_finite(tensors: dict, neg_inf: bool = False) -> None:
+    """Raise ``ValueError`` naming the first of ``tensors`` ({name: tensor}) that holds NaN or inf (``neg_inf``:
+    -inf is allowed, as in a float mask that drops keys), as :func:`validation` says: one reduction per tensor
+    and one read of their total in eager mode."""
     if _VALIDATE is False or not tensors:
         return
     compiling = torch.compiler.is_compiling()
@@ -102,6 +103,8 @@ def check_finite(tensors: dict) -> None:
     with torch.no_grad():
         # a NaN or inf makes the total non-finite (inf - inf is NaN); a non-finite total is re-checked
         # elementwise to name the input (a finite sum that overflows is not an error)
+        if neg_inf:  # -inf counted as 0: only NaN and +inf are errors
+            tensors = {n: x.masked_fill(x == float("-inf"), 0) for n, x in tensors.items()}
         total = sum(x.sum(dtype=torch.float32) for x in tensors.values())
     if compiling:
         torch._assert_async(torch.isfinite(total), "attention inputs contain NaN or inf values")
@@ -109,7 +112,8 @@ def check_finite(tensors: dict) -> None:
     if not math.isfinite(float(total)):
         for name, x in tensors.items():
             if not torch.isfinite(x).all():
-                raise ValueError(f"{name} contains NaN or inf values")
+                raise ValueError(f"{name} contains NaN or {'+inf' if neg_inf else 'inf'} values"
+                                 + (" (-inf drops a key; NaN and +inf are not accepted)" if neg_inf else ""))
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
@@ -125,6 +129,8 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
         raise ValueError(f"q, k, v must share (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same feature size D: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+    if q.shape[-1] == 0 or v.shape[-1] == 0:
+        raise ValueError(f"the feature sizes D and Dv must be at least 1: q {tuple(q.shape)}, v {tuple(v.shape)}")
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have the same number of keys Tk: k {tuple(k.shape)} vs v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -160,14 +166,34 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
     if key_mask is not None and not (filt is not None and filt.needs_key_mask):
         km = key_mask[:, None, None, :]
         keep = km if keep is None else keep & km
-    for name, t in (("mask", keep), ("float mask", bias)):
-        if t is not None:
-            if t.dim() > 4:
-                raise ValueError(f"{name} has {t.dim()} dims; at most 4 (B, H, Tq, Tk) are accepted")
-            if not _broadcasts(t.shape, (b, h, tq, tk)):
-                raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Tq, Tk) = "
-                                 f"{(b, h, tq, tk)}")
+    check_broadcast("mask", keep, q, k)
+    bias = check_float_mask("float mask", bias, q, k)
     return keep, bias, filt
+
+
+def check_broadcast(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> None:
+    """Raise unless ``t`` (or None) broadcasts to (B, H, Tq, Tk) as PyTorch's attention masks do."""
+    if t is None:
+        return
+    target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if t.dim() > 4:
+        raise ValueError(f"{name} has {t.dim()} dims; at most 4 (B, H, Tq, Tk) are accepted")
+    if not _broadcasts(t.shape, target):
+        raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Tq, Tk) = {target}")
+
+
+def check_float_mask(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
+    """An additive float mask checked (broadcasts to (B, H, Tq, Tk); no NaN or +inf, while -inf drops a key)
+    and given 4 dims, so that every backend indexes it alike; None stays None."""
+    if t is None:
+        return None
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor (added to log k), got {t.dtype}")
+    check_broadcast(name, t, q, k)
+    check_finite({name: t}, neg_inf=True)
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
@@ -220,8 +246,11 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     from kernel_attention.backends import Problem
 
     check_inputs(q, k, v)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     kern = _from_spec("kernel", kernel, make_kernel, _stateless)
     keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal)
+    bias = check_float_mask("bias", bias, q, k)
     extra = [x for x in (float_mask, bias) if x is not None]
     if extra:
         terms = PositionalTerms() if terms is None else terms

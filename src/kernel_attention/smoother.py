@@ -163,8 +163,10 @@ def dense_smoother(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, keep: Tensor
             logits = logits + log_t
         if keep is not None:
             logits = logits.masked_fill(~keep, float("-inf"))
-            # Rows with no key left: soft-max of a row of zeros, then zeroed, so no NaN in value or grad.
-            empty = ~keep.any(-1, keepdim=True)
+        if keep is not None or log_t is not None:
+            # Rows with no key left (the filter, or a float mask of -inf everywhere): soft-max of a row of
+            # zeros, then zeroed, so no NaN in value or grad.
+            empty = (logits == float("-inf")).all(-1, keepdim=True)
             logits = logits.masked_fill(empty, 0.0)
             weights = torch.softmax(logits, dim=-1).masked_fill(empty, 0.0)
         else:
@@ -174,10 +176,9 @@ def dense_smoother(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, keep: Tensor
         if log_t is not None:
             # The product kernel k_F · k_T; the row maximum of log k_T cancels in the normalisation.
             if keep is not None:
-                row_max = torch.where(keep, log_t, float("-inf")).amax(-1, keepdim=True).detach()
-                row_max = torch.nan_to_num(row_max, neginf=0.0)
-            else:
-                row_max = log_t.amax(-1, keepdim=True).detach()
+                log_t = log_t.masked_fill(~keep, float("-inf"))
+            # a row whose every key is dropped (-inf) keeps k_T = 0 there: its maximum taken as 0
+            row_max = torch.nan_to_num(log_t.amax(-1, keepdim=True).detach(), neginf=0.0)
             kk = kk * (log_t - row_max).exp()
         weights = normalise_direct(kk, keep)
     if dropout_p > 0.0:

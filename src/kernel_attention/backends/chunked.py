@@ -259,6 +259,8 @@ class _Chunked(torch.autograd.Function):
                 grads = torch.autograd.grad(bias_g, block_inputs(idx), sum_to(ds, bias_g.shape),
                                             allow_unused=True)
                 accumulate(grads, idx)
+        # an extra no block reached (every query's set empty) gets a zero gradient, not none
+        gext = [torch.zeros_like(extras[j]) if g is None and j in want else g for j, g in enumerate(gext)]
         return (None, dq, dk, dv, *gext)
 
 

@@ -46,7 +46,7 @@ def _default_scale(scale: float | None, d: int) -> float:
 
 
 _scale = Param("scale", float, None, optional=True, doc="multiplier of the exponent",
-               check=lambda x: x > 0, rule="> 0; default 1/sqrt(d)")
+               check=lambda x: 0 < x < float("inf"), rule="finite and > 0; default 1/sqrt(d)")
 
 
 class _ScaledKernel(Kernel):
@@ -154,8 +154,13 @@ class PeriodicKernel(SDPAFeatures, Kernel):
         return SDPAForm(self.features(q), self.features(k), 1.0 / self.lengthscale ** 2)
 
 
+#: Highest polynomial degree accepted: 16^32 = 2^128 is float32's largest power of two.
+MAX_DEGREE = 32
+
+
 @KERNELS.register("poly", [
-    Param("degree", int, 2, check=lambda x: x >= 1, rule=">= 1"),
+    Param("degree", int, 2, check=lambda x: 1 <= x <= MAX_DEGREE,
+          rule=f"1..{MAX_DEGREE}; <a,b>^degree overflows float32 beyond it for |<a,b>| >= 16"),
 ])
 class PolyKernel(FeatureMap, Kernel):
     """Homogeneous polynomial kernel <a,b>^degree (Table 2: degree 2, no constant, no sqrt(d)).

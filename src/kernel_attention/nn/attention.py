@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from kernel_attention.positions.encodings import as_positions, make_encoding
 from kernel_attention.filters import Padding, make_filter
-from kernel_attention.functional import attention as kernel_attention_fn
+from kernel_attention.functional import attention as kernel_attention_fn, check_broadcast
 from kernel_attention.kernels import make_kernel
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position
 from kernel_attention.registry import Param, SpecError
@@ -156,6 +156,7 @@ class KernelAttention(nn.Module):
         float_mask = isinstance(mask, Tensor) and mask.is_floating_point()
         filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
         bias = mask if float_mask else None
+        check_broadcast("mask", bias, q, k)  # named as the caller passed it; attention() checks it as a bias
         pools = getattr(self.kernel, "pools_over_positions", False)
         if pools:  # padded keys must not enter the implicit kernel's pooled q(z|h)
             self.kernel.pool_key_mask = key_mask
