@@ -220,8 +220,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
             passes); ``bias`` is added to it.
         dropout_p: dropout on the normalised weights.
         need_weights: also return the (B, H, Tq, Tk) weights.
-        backend: ``"auto"`` (default) walks the named backends in order (``sdpa``, ``flex``, ``banded``,
-            ``squared``, ``blockwise``, ``linear``, ``dense``) and takes the first that runs the call; a
+        backend: ``"auto"`` (default) walks the named backends in order (``sdpa``, ``triton``, ``flex``,
+            ``banded``, ``squared``, ``blockwise``, ``linear``, ``dense``) and takes the first that runs the call; a
             name (or a spec such as ``"blockwise:block=4096"``) forces one and raises
             :class:`~kernel_attention.backends.BackendError` if it cannot run the call.  See
             :func:`explain` for why each backend was or was not chosen.

@@ -1,5 +1,6 @@
 """Attention backends, each a named way to run the kernel smoother, tried by ``backend="auto"`` in the
-order of :data:`ORDER`: ``sdpa``, ``flex``, ``banded``, ``squared``, ``blockwise``, ``linear``, ``dense``.
+order of :data:`ORDER`: ``sdpa``, ``triton``, ``flex``, ``banded``, ``squared``, ``blockwise``, ``linear``,
+``dense``.
 
     from kernel_attention.backends import BACKENDS, ORDER
     print(kernel_attention.explain(q, k, v, kernel="rbf", mask="causal"))   # each backend, and why

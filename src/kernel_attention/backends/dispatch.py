@@ -3,12 +3,14 @@ r"""Choosing a backend, and saying why.
 ``auto`` walks :data:`ORDER` and takes the first backend that supports the call and does not decline it:
 
 1. ``sdpa``: one fused attention call on kernel features (exp, rbf, periodic; product positions);
-2. ``flex``: FlexAttention on CUDA, additive terms as a score_mod, sparse filters as a block mask;
-3. ``banded``: Shaw's clipped table on the CPU, far keys on the fused kernel and the band explicit;
-4. ``squared``: the implicit kernels on the CPU as k / sum k per block;
-5. ``blockwise``: any positive kernel, positional term and filter, per block of query rows;
-6. ``linear``: kernels with a finite feature map (linear, poly), past their crossover with dense;
-7. ``dense``: the reference, which runs everything and alone forms the weights.
+2. ``triton``: flash kernels on a GPU for the exp family with Shaw's table, Transformer-XL's relative term,
+   key biases and causal / local / padding filters (taken by ``auto`` once timed on the device);
+3. ``flex``: FlexAttention on CUDA, additive terms as a score_mod, sparse filters as a block mask;
+4. ``banded``: Shaw's clipped table on the CPU, far keys on the fused kernel and the band explicit;
+5. ``squared``: the implicit kernels on the CPU as k / sum k per block;
+6. ``blockwise``: any positive kernel, positional term and filter, per block of query rows;
+7. ``linear``: kernels with a finite feature map (linear, poly), past their crossover with dense;
+8. ``dense``: the reference, which runs everything and alone forms the weights.
 
 A backend declines a call it supports where a measured policy says a later one is faster
 (:mod:`~kernel_attention.backends.policy`).  While ``torch.compile`` traces, backends that cannot be traced

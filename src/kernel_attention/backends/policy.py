@@ -47,6 +47,8 @@ class DevicePolicy:
     #: Query rows per block of ``banded`` under the full and the causal filter.
     banded_rows_full: int
     banded_rows_causal: int
+    #: Whether ``auto`` takes ``triton`` where it runs a call: only once its kernels were timed on the device.
+    triton_auto: bool = False
 
 
 POLICIES: dict[str, DevicePolicy] = {

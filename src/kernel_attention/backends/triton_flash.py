@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_mask, sdpa_features
+from kernel_attention.backends.policy import policy
 from kernel_attention.positions.difference_index import DifferenceIndex
 from kernel_attention.filters import Local
 from kernel_attention.registry import Param
@@ -333,6 +334,9 @@ class TritonBackend(Backend):
     def declines(self, p: Problem) -> str | None:
         if p.q.device.type == "cpu":
             return "Triton's interpreter is for tests; ask for backend='triton' by name"
+        if not policy(p.q.device).triton_auto:
+            return ("its kernels have not been timed on this device (docs/benchmarks.md); ask for "
+                    "backend='triton' by name")
         return None
 
     def describe(self, p: Problem) -> str:

@@ -55,8 +55,8 @@ class KernelAttention(nn.Module):
         dropout: dropout on the attention weights.
         bias: biases in the four projections (fairseq: True; Transformer-XL: False).
         kdim: width of the key/value input when it differs from d_model (encoder-decoder).
-        backend: ``"auto"`` or a backend name (``"sdpa"``, ``"flex"``, ``"banded"``, ``"squared"``,
-            ``"blockwise"``, ``"linear"``, ``"dense"``); see :func:`kernel_attention.explain`.
+        backend: ``"auto"`` or a backend name (``"sdpa"``, ``"triton"``, ``"flex"``, ``"banded"``,
+            ``"squared"``, ``"blockwise"``, ``"linear"``, ``"dense"``); see :func:`kernel_attention.explain`.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_head: int | None = None, kernel="exp",
