@@ -67,7 +67,7 @@ def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None
 
 
 def _broadcasts(shape, target) -> bool:
-    """Whether ``shape`` broadcasts to ``target`` (``torch.broadcast_shapes`` costs ~0.1 ms a call)."""
+    """Whether ``shape`` broadcasts to ``target`` (``torch.broadcast_shapes`` costs more than a small call)."""
     return len(shape) <= len(target) and all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
 
 

@@ -1,11 +1,14 @@
 """The linear backend (explicit feature maps, full and causal scans) agrees with ``dense``, in groups of
 (batch, head) slices too, and passes gradients to kernel parameters."""
 
+import dataclasses
+
 import pytest
 import torch
 from _common import D, DT, H, close, inputs, padding_mask, run
 
 import kernel_attention as ka
+from kernel_attention.backends import POLICIES
 from kernel_attention.functional import attention, explain
 from kernel_attention.kernels.capabilities import FeatureMap
 
@@ -27,7 +30,7 @@ def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, fil
 
     km = padding_mask(23)
     ref = run("dense", "poly", "none", filt, key_mask=km)
-    monkeypatch.setattr(linear, "SCAN_ELEMENTS", elements)
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], scan_elements=elements))
     calls = []
     for name in ("causal_scan", "full_scan"):
         scan = getattr(linear, name)
@@ -71,9 +74,8 @@ class _WeightedLinear(FeatureMap, ka.Kernel):
 @pytest.mark.parametrize("filt, tq", [("causal", 23), (None, 23), (None, 11)])
 def test_linear_scans_pass_gradients_to_kernel_parameters(monkeypatch, filt, tq):
     # causal, full, and full with Tq != Tk (cross-attention)
-    import kernel_attention.backends.linear as linear
-
-    monkeypatch.setattr(linear, "SCAN_ELEMENTS", 1)  # per-head parameters: groups keep whole heads
+    # per-head parameters: groups keep whole heads
+    monkeypatch.setitem(POLICIES, "cpu", dataclasses.replace(POLICIES["cpu"], scan_elements=1))
     q, k, v = inputs(tq, 23)
     got = {}
     for backend in ("dense", "linear:chunk=5"):

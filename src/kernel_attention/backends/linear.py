@@ -143,26 +143,18 @@ def linear_crossover(features: int, device) -> int:
     return max(pol.linear_min_keys, pol.linear_feature_factor * features)
 
 
-#: Elements of one block's features, (slices, chunk, F), above which the scans run on groups of
-#: (batch, head) slices on the CPU: phi is written and read one column slice at a time
-#: (``features.py``), fast only while the block stays in cache.  Measured on the 2-core CPU (causal
-#: poly, F = 2080, chunk 256, B = 4, H = 8, T = 4096, forward+backward, one thread; the bench with
-#: ``linear:slices=N``, docs/benchmarks.md, "poly: the scans' backward written out"): all 32 slices in
-#: one scan 2.27x SDPA-causal, groups of 16 / 8 (the default here) / 4 / 2 slices 2.02 / 1.61 / 1.68 / 1.89x.
-SCAN_ELEMENTS = 1 << 23
-
-
 def _group_sizes(q: Tensor, k: Tensor, kern, chunk: int, f: int, slices: int | None = None) -> tuple[int, int]:
     """(batch entries, heads) per group of the scans of a kernel with f features: groups of at most
-    ``slices`` (batch, head) slices, by default as many as keep a block within ``SCAN_ELEMENTS``
-    feature elements; equal groups of heads or of whole batch entries; always whole heads when
+    ``slices`` (batch, head) slices, by default as many as keep a block within the device policy's
+    ``scan_elements`` feature elements (phi is written and read one column slice at a time, fast only while
+    the block stays in cache); equal groups of heads or of whole batch entries; always whole heads when
     the kernel has parameters or buffers (which may be per head).  CPU only: the groups are for the
     cache, and on a GPU they would only add kernel launches."""
     b, h = q.shape[:2]
     if q.device.type != "cpu":
         return b, h
     if slices is None:
-        slices = max(1, SCAN_ELEMENTS // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
+        slices = max(1, policy(q.device).scan_elements // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
     per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
     if per_head or slices >= h:
         return min(b, max(1, slices // h)), h

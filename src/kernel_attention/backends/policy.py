@@ -44,6 +44,9 @@ class DevicePolicy:
     #: ``linear`` from max(linear_min_keys, linear_feature_factor · F) keys, F the feature-map size.
     linear_min_keys: int
     linear_feature_factor: int
+    #: (slices, chunk, F) feature elements of one block of ``linear``'s scans, above which they run on
+    #: groups of (batch, head) slices (CPU only).
+    scan_elements: int
     #: Query rows per block of ``banded`` under the full and the causal filter.
     banded_rows_full: int
     banded_rows_causal: int
@@ -56,11 +59,13 @@ POLICIES: dict[str, DevicePolicy] = {
                         dense_preferred_elements=None, sliced_min_keys=256, slice_elements=1 << 24,
                         kept_logits_elements=1 << 25, dropout_blocked_elements=1 << 25,
                         squared_dropout_dense_elements=1 << 23, linear_min_keys=256, linear_feature_factor=1,
+                        scan_elements=1 << 23,
                         banded_rows_full=256, banded_rows_causal=64),
     "cuda": DevicePolicy(block_elements=1 << 25, shared_block_elements=1 << 25, max_block_rows=256,
                          dense_preferred_elements=1 << 27, sliced_min_keys=None, slice_elements=1 << 24,
                          kept_logits_elements=0, dropout_blocked_elements=None,
                          squared_dropout_dense_elements=0, linear_min_keys=8192, linear_feature_factor=4,
+                         scan_elements=1 << 23,
                          banded_rows_full=256, banded_rows_causal=64),
 }
 

@@ -45,7 +45,7 @@ def _skew(x: Tensor, rows: int, cols: int) -> Tensor:
 
 def _padded(w: int) -> int:
     """Row length of the relative logits' buffers: w rounded up to 16 elements.  An odd row stride (w = rows +
-    cols - 1) made the products that write or read them up to 2x slower (measured at T=4096)."""
+    cols - 1) makes the products that write or read them slower (docs/benchmarks.md)."""
     return -(-w // 16) * 16
 
 

@@ -22,9 +22,9 @@ plus the content product, then the soft-max and its log-sum-exp (``block_forward
 plus b is the float mask of PyTorch's CPU flash kernel, which returns output and log-sum-exp -- per slice for
 ``relative``, per block of all slices for ``shared`` (one (1, H, rows, cols) mask).  When gradients are
 needed, the compiled forward also keeps the logits s of the first blocks that fit in ``kept_elements``
-(B, H, rows, cols) elements (:func:`kept_blocks`; 2^25 by default, 128 MiB in float32), and their backward
-forms P from s without the content product and the term's (for ``xl``, two of a backward slice's eight
-products; at B=4, H=8, D=64, T=1024, fwd+bwd took 0.79-0.86x the time of recomputing them).  **Backward**, per
+(B, H, rows, cols) elements (:func:`kept_blocks`; the device policy's ``kept_logits_elements``), and their
+backward forms P from s without the content product and the term's (for ``xl``, two of a backward slice's eight
+products).  **Backward**, per
 slice, with δ_i = dO_i·O_i:
 
     P = exp(s - lse),  dP = dO v^T,  dS = P ⊙ (dP - δ)
@@ -32,14 +32,13 @@ slice, with δ_i = dO_i·O_i:
     relative: G = dS at the logits' columns (rows, rows + cols - 1),  dqv = G R_rev,  dR_rev^T += qv^T G
     shared:   D = Σ_b dS_b,  d(t_q W_T) = D (t_k W_T),  d(t_k W_T)^T += (t_q W_T)^T D
 
-The blocked path (:mod:`kernel_attention.backends.chunked`) runs a block over all B·H slices at once: (B, H,
-rows, Tk) buffers of 32-128 MB that every elementwise step reads and writes in main memory, fresh per block,
-and the term's gradient through autograd.  Here a slice's (rows, Tk) buffers (4 MB at Tk = 4096) are allocated once
-per block and reused by its B·H slices, so they stay in cache.  dk' and dv are accumulated as
-(cols, D) += (rows, cols)^T (rows, D) from P and dS in buffers whose row stride is not a power of two (the
-compiled loops; the same product from a buffer of 1024-element rows ran 1.4x slower) or transposed, (D, cols)
-+= (D, rows)·(rows, cols) (the Python loops; the result then needs a transposing copy, 6 ms for each of dk' and
-dv at B=4, H=8, T=1024).  The relative logits' rows are
+The chunked engine (:mod:`kernel_attention.backends.chunked`) runs a block over all B·H slices at once: (B, H,
+rows, Tk) buffers that every elementwise step reads and writes in main memory, fresh per block, and the term's
+gradient through autograd.  Here a slice's (rows, Tk) buffers are allocated once per block and reused by its
+B·H slices, so they stay in cache.  dk' and dv are accumulated as (cols, D) += (rows, cols)^T (rows, D) from P
+and dS in buffers whose row stride is not a power of two (the compiled loops: a power-of-two stride was
+slower) or transposed, (D, cols) += (D, rows)·(rows, cols) (the Python loops; the result then needs a
+transposing copy).  The figures are in docs/benchmarks.md ("Figures behind the design").  The relative logits' rows are
 padded to a multiple of 16 elements, and dS is written straight into the skewed view of G
 (zero elsewhere), from which the content and relative gradients both read it -- no copy, no index.  A filter
 is applied only in the columns where it drops a pair (a causal block's diagonal square).  A query whose
@@ -62,8 +61,8 @@ __all__ = ["SliceSpec", "sliced_smoother", "relative_base", "kept_blocks"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
-#: log2(e): the backward forms P as 2^(log2(e)·(s - lse)); PyTorch's exp2 runs about 3x faster than its exp on
-#: the CPU (75 against 221 us for 256K float32 elements, AVX-512), and log2(e) is folded into the operands.
+#: log2(e): the backward forms P as 2^(log2(e)·(s - lse)), since PyTorch's exp2 is faster than its exp on the
+#: CPU; log2(e) is folded into the operands.
 LOG2E = 1.4426950408889634
 
 #: Rows per relative product in the compiled loops (:func:`rel_chunk_rows`); 0 runs each on the whole block.

@@ -36,10 +36,8 @@ dP = D ⊙ dN1 V'^T + (1 - D) ⊙ dN2 V1^T: two more thin products per block.
 
 **Layout.**  A block's (rows, keys) tensors are formed key-major, as their transposes (B, H, |C|, |R|):
 s^T = phi[C] phi_q[R]^T, and every product then reads them in the order the CPU's matrix kernels take
-fastest -- N_R = (V'_C^T P^T)^T, dV'_C = P^T dN_R.  Measured on one thread at IKA Table 4's Parkinsons
-(8 heads, 712 of 5,875 rows, F = 128, Dv + 1 = 9; three runs): P^T dN 53-60 ms against 163-167 ms row-major,
-N 19-20 against 52-70 ms; the product s itself varied more between runs (145-295 ms) than between the layouts
-(docs/benchmarks.md, "magnitude dropout on the squared path", has the end-to-end figures).
+fastest -- N_R = (V'_C^T P^T)^T, dV'_C = P^T dN_R (about 3x faster than row-major for the products with
+P; docs/benchmarks.md, "Figures behind the design").
 
 **Range.**  w_j underflows where m_j lies far below the largest kept m.  :func:`key_spread` measures
 max - min of m over the keys some query keeps; :func:`squared_route` takes this path only while it is

@@ -52,9 +52,8 @@ def sinusoid_range(lo: int, hi: int, dim: int, dtype: torch.dtype, device: torch
                    clamp: int | None = None) -> Tensor:
     """:func:`sinusoid` of the integers lo..hi (clamped to [-clamp, clamp] when given), (hi - lo + 1, dim),
     kept for the next call with the same arguments: Transformer-XL's table of distances is the same for every
-    call of a given length, and forming it (sin and cos in float64 of 2T - 1 distances, interleaved) took
-    about 10 ms per call at T = 1024 on one CPU core, 5% of the forward pass.  The tensor is shared: read it,
-    do not write to it."""
+    call of a given length, and forming it (sin and cos in float64 of 2T - 1 distances, interleaved) is a
+    noticeable part of a forward pass.  The tensor is shared: read it, do not write to it."""
     distances = torch.arange(lo, hi + 1, device=device)
     if clamp is not None:
         distances = distances.clamp(-clamp, clamp)
