@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guides").glob("*.md")])
+GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
+#: The guides are read on a screen: their lines, prose, tables and code alike, are at most this wide.
+GUIDE_CHARS = 120
 MAX_LINES = {"README.md": 250, "docs/benchmarks.md": 400}
 MAX_CHARS = 400
 
@@ -15,7 +18,7 @@ MAX_CHARS = 400
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|root|tmp|home|Users|mnt|scratch)/[^\s`'\")\],;]*")
 
 #: Files being rewritten elsewhere that do not pass yet, per check; strict, so a mark must go once its file passes.
-KNOWN_PATHS = {"docs/data.md": "its check transcript names the data root of one machine"}
+KNOWN_PATHS: dict = {}
 
 _NUMERIC_CELL = re.compile(r"^[-+~<>=≈±]?[\d.,]*\d[\d.,]*(?:e-?\d+)?\s*(?:x|×|%|ms|s|MB|GB|k)?$")
 
@@ -82,3 +85,11 @@ def test_api_reference_documents_every_exported_name():
     documented = set(re.findall(r"^\.\. auto\w+:: (\S+)", pages, re.M))
     missing = sorted(set(ka.__all__) - documented - {"__version__"})
     assert not missing, f"docs/api documents no autodoc entry for {missing} (add them under their package name)"
+
+
+@pytest.mark.parametrize("path", _params(GUIDES))
+def test_guides_are_short_and_narrow(path):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"{_name(path)} has {len(lines)} lines, at most 150: split the topic"
+    wide = [(i, len(line)) for i, line in enumerate(lines, 1) if len(line) > GUIDE_CHARS]
+    assert not wide, f"{_name(path)}: lines over {GUIDE_CHARS} characters (line, length): {wide}"
