@@ -276,7 +276,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=
 
         >>> print(explain(q, k, v, kernel="poly", mask="local:window=8"))
         backend: dense
-          sdpa: kernel 'poly' has no SDPA features (Kernel.sdpa_form)
+          sdpa: kernel 'poly' has no SDPA features (capability SDPAFeatures)
           ...
           linear: filter local(window=8) is neither full, causal nor padding ...
           dense: chosen: materialises the (Tq, Tk) kernel matrix

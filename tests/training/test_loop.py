@@ -259,3 +259,17 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
     assert lines[1].startswith("step 4/4 (100%)")
     Trainer(ToyTask(), _cfg(max_steps=2, progress=False), tmp_path / "quiet").fit()
     assert "step " not in capsys.readouterr().err                                  # progress=false: nothing
+
+
+def test_plain_progress_lines_are_at_most_one_per_interval_but_the_last_always_prints():
+    import io
+
+    from kernel_attention.training.progress_line import ProgressLines
+
+    out = io.StringIO()
+    lines = ProgressLines(100, 0, stream=out, interval=3600.0)
+    for step in (10, 20, 30):
+        lines.update(step, 1.0, 1e-3, 100.0, 2.0)
+    lines.update(100, 0.5, 1e-3, 100.0, 2.0, final=True)
+    printed = out.getvalue().splitlines()
+    assert [l.split()[1] for l in printed] == ["10/100", "100/100"]

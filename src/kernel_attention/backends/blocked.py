@@ -2,7 +2,7 @@ r"""The blocked path's terms: what a :class:`Problem` adds to the logits and to 
 :func:`kernel_attention.backends.chunked.chunked_smoother`.
 
 Each additive piece reads compact inputs (registered as "extras" with how a block indexes them) and forms its
-(rows, cols) part per block: ``log k`` of a kernel without SDPA features (:meth:`Kernel.blockwise`), a key bias,
+(rows, cols) part per block: ``log k`` of a kernel without SDPA features (:meth:`BlockState.blockwise`), a key bias,
 ``product``'s positional logits, Shaw's gathered table, Transformer-XL's relative term (a strided view for an
 index base + i - j, :func:`kernel_attention.backends.relative.skew_rel`; a gather otherwise), a dense float bias;
 Shaw's value table is the value callback.  The chunked smoother recomputes them in the backward pass.

@@ -5,7 +5,7 @@ For a block of query rows R and the span of keys C its filter keeps,
 
     s = scale · q'_R k'_C^T + b(R, C),    out_R = softmax(s) v_C  [+ Shaw's value term]
 
-with q', k' the kernel's SDPA features (or none: log k formed per block, :meth:`Kernel.blockwise`) and b
+with q', k' the kernel's SDPA features (or none: log k formed per block, :meth:`BlockState.blockwise`) and b
 every additive term (key biases, ``product``'s positional logits, Shaw's table, Transformer-XL's relative
 term, a float mask), formed per block and recomputed in the backward pass
 (:mod:`~kernel_attention.backends.blocked`, :mod:`~kernel_attention.backends.chunked`).  Sparse filters
@@ -58,7 +58,7 @@ class BlockwiseBackend(Backend):
 
     # ---- how a problem runs ---------------------------------------------------------------------
     def _sliced(self, p: Problem) -> str | None:
-        """"relative" or "shared" when ``p`` runs on the slice loops, else None."""
+        """``"relative"`` or ``"shared"`` when ``p`` runs on the slice loops, else None."""
         pol = policy(p.q.device)
         if pol.sliced_min_keys is None or p.shape[3] < pol.sliced_min_keys or sdpa_layout(p.kernel) is None:
             return None

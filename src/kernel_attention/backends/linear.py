@@ -1,6 +1,6 @@
 r"""``linear``: kernels with a finite feature map, in time linear in the sequence length.
 
-With k(a, b) = <phi(a), phi(b)> (``Kernel.feature_map``: ``linear`` phi(x) = x, ``poly`` the tensor
+With k(a, b) = <phi(a), phi(b)> (``FeatureMap.feature_map``: ``linear`` phi(x) = x, ``poly`` the tensor
 power, any random-feature kernel that exposes one) the smoother of Definition 1 factorises
 (Katharopoulos et al. 2020):
 

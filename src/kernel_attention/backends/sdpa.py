@@ -5,7 +5,7 @@ space), so it is one fused attention call whenever
 
     log k(x_i, x_j) = scale · <q'_i, k'_j> + kb_j + (constant along row i)
 
-with features q', k' (:meth:`Kernel.sdpa_form`: ``exp``; ``rbf`` with its key-norm term -s||k_j||^2 as an
+with features q', k' (:meth:`SDPAFeatures.sdpa_form`: ``exp``; ``rbf`` with its key-norm term -s||k_j||^2 as an
 augmented feature or a key bias kb; ``periodic`` as Fourier features), a positional factor that is absent
 or an inner product (``product``: its features are concatenated), and a filter that is full, causal
 (Tq = Tk) or a padding mask.  No (Tq, Tk) tensor is formed.

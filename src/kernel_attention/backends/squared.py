@@ -91,7 +91,7 @@ def key_spread(m: Tensor) -> float:
 
 def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
     """(m, None) when ``p`` can run on this path, m = :func:`masked_key_log` of the kernel's per-key
-    log factor (with its gradient; pass it to :meth:`Kernel.squared_form`); (None, "") when the kernel
+    log factor (with its gradient; pass it to :meth:`SquaredFeatures.squared_form`); (None, "") when the kernel
     has no :class:`SquaredForm`; otherwise (None, why not, in words), which :class:`SquaredBackend`
     gives as its reason."""
     if not has_squared_form(p.kernel):

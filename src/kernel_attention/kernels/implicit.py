@@ -192,7 +192,7 @@ class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
         return type(self).log_similarity is ImplicitKernel.log_similarity
 
     def blockwise(self, q: Tensor, k: Tensor):
-        """:meth:`Kernel.blockwise` with phi(q), phi(k) computed once per call and sliced per block:
+        """:meth:`BlockState.blockwise` with phi(q), phi(k) computed once per call and sliced per block:
         log k = log((phi(q)[rows] phi(k)[cols]^T / n)^2 + eps) + magnitude."""
         if not self._feature_similarity():
             return super().blockwise(q, k)

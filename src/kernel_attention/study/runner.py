@@ -59,6 +59,7 @@ from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
 from kernel_attention.training.run_log import read_metrics
+from kernel_attention.training.progress_line import format_duration
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
            "running_elsewhere", "format_duration"]
@@ -246,12 +247,6 @@ def cell_lock(d: Path):
 def _finished(path: Path, retry_errors: bool) -> bool:
     """Whether the cell with ``result.json`` at ``path`` counts as finished."""
     return path.is_file() and not (retry_errors and json.loads(path.read_text()).get("status") == "error")
-
-
-def format_duration(s: float) -> str:
-    """Seconds as ``1h05m`` (an hour or more) or ``4m07s``."""
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, str]]:

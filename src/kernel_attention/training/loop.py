@@ -339,7 +339,7 @@ class Trainer:
                         bar.set_postfix(post, refresh=False)
                         if lines is not None:
                             lines.update(self.step, vals["loss"], vals["lr"], rate.get("tokens_per_s"),
-                                         rate["steps_per_s"])
+                                         rate["steps_per_s"], final=self._done())
                         acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
                     if c.eval_every and self.step % c.eval_every == 0:
                         self._validate()

@@ -1,9 +1,10 @@
 """Plain progress lines for a training run whose output is not a terminal.
 
 A tqdm bar redraws one line with carriage returns: in a log file or a pipe that is unreadable, so the
-loop shows it only on a terminal.  Elsewhere (a job's log, ``2> train.log``, a CI job) the loop prints one
-line per logged step (every ``train.log_every`` updates) to stderr instead, so that a long run still says
-how far it is, how fast it goes and when it should end::
+loop shows it only on a terminal.  Elsewhere (a job's log, ``2> train.log``, a CI job) the loop prints a
+line on logged steps (every ``train.log_every`` updates), at most one per ``interval`` seconds besides the
+first and the last, to stderr instead, so that a long run still says how far it is, how fast it goes and
+when it should end, without a line per update::
 
     step 40/250 (16%)  loss 1.234  lr 0.001  2,345 tokens/s  elapsed 0m12s  ETA 1m03s
 """
@@ -16,6 +17,9 @@ from typing import IO
 
 __all__ = ["ProgressLines", "format_duration"]
 
+#: Seconds between two lines at least (the first and the last logged step always print).
+INTERVAL = 10.0
+
 
 def format_duration(s: float) -> str:
     """Seconds as ``1h05m`` (an hour or more) or ``4m07s``."""
@@ -24,18 +28,26 @@ def format_duration(s: float) -> str:
 
 
 class ProgressLines:
-    """Prints one line per :meth:`update` call to ``stream`` (stderr by default).
+    """Prints a line per :meth:`update` call to ``stream`` (stderr by default), at most one per ``interval``
+    seconds but always for the first call and for the last step (``final``).
 
     ``planned`` is the run's planned number of updates (None: unknown, then no percentage or ETA);
     ``start_step`` the step this process began at (a resumed run's), so that the pace, and from it the
     ETA, counts only the updates made here."""
 
-    def __init__(self, planned: int | None, start_step: int, unit: str = "tokens", stream: IO[str] | None = None):
-        self.planned, self.start_step, self.unit = planned, start_step, unit
+    def __init__(self, planned: int | None, start_step: int, unit: str = "tokens", stream: IO[str] | None = None,
+                 interval: float = INTERVAL):
+        self.planned, self.start_step, self.unit, self.interval = planned, start_step, unit, interval
         self.stream = stream if stream is not None else sys.stderr
         self.t0 = time.time()
+        self.printed_at: float | None = None
 
-    def update(self, step: int, loss: float, lr: float, per_s: float | None, steps_per_s: float) -> None:
+    def update(self, step: int, loss: float, lr: float, per_s: float | None, steps_per_s: float,
+               final: bool = False) -> None:
+        now = time.time()
+        if not final and self.printed_at is not None and now - self.printed_at < self.interval:
+            return
+        self.printed_at = now
         parts = [f"step {step}/{self.planned} ({100 * step / self.planned:.0f}%)" if self.planned else f"step {step}",
                  f"loss {loss:.4g}", f"lr {lr:.3g}",
                  f"{per_s:,.0f} {self.unit}/s" if per_s else f"{steps_per_s:.3g} steps/s"]
