@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from kernel_attention.registry import Param, Registry
+from kernel_attention.registry import Param, Registry, SpecError
 
 from . import classification, parallel, planetoid, uci, wikitext
 from ._checksums import SHA256
@@ -67,6 +67,7 @@ class DatasetSpec:
     load: Callable[..., Any]
     aliases: tuple[str, ...] = ()
     note: str = ""
+    by_path: bool = False  # the user's own files, named by ``path=`` (no data root, not in ``data list``)
 
 
 SPECS: dict[str, DatasetSpec] = {}
@@ -86,6 +87,22 @@ def _add(spec: DatasetSpec, params: list[Param]) -> None:
         DATASETS.register(name, common + params, doc=f"{spec.kind}: {spec.source.split(';')[0]}")(factory)
 
 
+def _add_by_path(spec: DatasetSpec, params: list[Param]) -> None:
+    """A dataset read from the user's files at ``path=`` (relative to the current directory); ``root`` is
+    accepted (a config's ``data.root`` is folded into every spec) and ignored."""
+    SPECS[spec.name] = spec
+
+    def factory(path, root=None, download=False, _spec=spec, **kw):
+        if download:
+            raise SpecError(f"dataset {_spec.name!r} reads your own files at path=; there is nothing to download")
+        return _spec.load(Path(path).expanduser(), **kw)
+
+    common = [Param("path", str, doc="folder (or file) of your data"),
+              Param("root", str, None, "ignored: path= names the data", optional=True),
+              Param("download", bool, False, "not available")]
+    DATASETS.register(spec.name, common + params, doc=f"{spec.kind}: {spec.source}")(factory)
+
+
 # -- language modelling --------------------------------------------------------------------------------
 _add(DatasetSpec("wikitext-2", "lm", tuple(FileSpec(f"wikitext-2/{s}.txt", f"{_WT2}/{s}.txt") for s in wikitext.SPLITS),
                  "WikiText-2 v1 tokenised (Merity et al. 2016); pytorch/examples word_language_model/data",
@@ -97,7 +114,23 @@ _add(DatasetSpec("wikitext-103", "lm",
                  lambda root, vocab_from="train": wikitext.load_wikitext(root, "wikitext-103", vocab_from)),
      [Param("vocab_from", str, "train", choices=("train", "all"))])
 
+_add_by_path(DatasetSpec("text", "lm", (), "your plain text: text:path=DIR with train.txt, valid.txt, test.txt "
+                         "(one sentence or document per line), or text:path=FILE split by valid=/test= fractions",
+                         wikitext.load_text_corpus, by_path=True),
+             [Param("valid", float, 0.1, "fraction of a single file's lines for valid"),
+              Param("test", float, 0.1, "fraction of a single file's lines for test"),
+              Param("seed", int, 0, "shuffle of a single file's lines"),
+              Param("min_freq", int, 1, "rarer training words become <unk>")])
+
 # -- translation ---------------------------------------------------------------------------------------
+_add_by_path(DatasetSpec("parallel", "translation", (), "your parallel text: parallel:path=DIR,src=en,tgt=fr with "
+                         "{train,valid,test}.{en,fr} (any codes; plain or .gz; line i of one file translates "
+                         "line i of the other)",
+                         lambda path, src, tgt, tokenize=False: parallel.read_parallel_folder(path, src, tgt, tokenize),
+                         by_path=True),
+             [Param("src", str, doc="source language code (file suffix)"),
+              Param("tgt", str, doc="target language code (file suffix)"),
+              Param("tokenize", bool, False, "lower-case and split punctuation off (for untokenised text)")])
 _m30k_files = []
 for _s in parallel.MULTI30K_SPLITS.values():
     for _l in ("de", "en"):
@@ -248,7 +281,7 @@ def dataset_names() -> list[str]:
     """Registered names without aliases, in registry order."""
     seen, out = set(), []
     for s in SPECS.values():
-        if s.name not in seen:
+        if s.name not in seen and not s.by_path:
             seen.add(s.name)
             out.append(s.name)
     return out

@@ -36,6 +36,8 @@ __all__ = [
     "read_parallel_files",
     "read_fairseq_layout",
     "read_multi30k",
+    "read_parallel_folder",
+    "encode_pairs",
     "prepare_translation",
     "simple_tokenize",
 ]
@@ -82,6 +84,29 @@ def read_fairseq_layout(folder: str | Path, src: str = "de", tgt: str = "en", da
             f"(e.g. the output of fairseq's examples/translation/prepare-iwslt14.sh before its BPE step)"
         )
     splits = {s: read_parallel_files(folder / f"{s}.{src}", folder / f"{s}.{tgt}", dataset) for s in ("train", "valid", "test")}
+    return ParallelText(src, tgt, splits)
+
+
+_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
+
+
+def read_parallel_folder(folder: str | Path, src: str, tgt: str, tokenize: bool = False) -> ParallelText:
+    """The user's own parallel text: ``<folder>/{train,valid,test}.{src,tgt}`` for any language codes
+    (``valid`` may be named ``val`` or ``dev``; any file may be gzipped).  Lines are whitespace-tokenised
+    text; ``tokenize=True`` lower-cases them and splits punctuation off with :func:`simple_tokenize`."""
+    folder = Path(folder).expanduser()
+    if not src or not tgt or src == tgt:
+        raise ValueError(f"src and tgt must be two different language codes, got {src!r} and {tgt!r}")
+    if not folder.is_dir():
+        raise MissingDataError(f"parallel-text folder {folder} does not exist: it should hold "
+                               f"train.{src}, train.{tgt}, valid.{src}, valid.{tgt}, test.{src}, test.{tgt}")
+    splits = {}
+    for ours, names in _SPLIT_NAMES.items():
+        name = next((n for n in names for ext in ("", ".gz") if (folder / f"{n}.{src}{ext}").is_file()), names[0])
+        s, t = read_parallel_files(folder / f"{name}.{src}", folder / f"{name}.{tgt}")
+        if tokenize:
+            s, t = [simple_tokenize(x) for x in s], [simple_tokenize(x) for x in t]
+        splits[ours] = (s, t)
     return ParallelText(src, tgt, splits)
 
 
@@ -163,6 +188,32 @@ class TranslationData:
     def sizes(self) -> dict[str, int]:
         return {k: len(v) for k, v in self.splits.items()}
 
+    def save_tokenizers(self, folder: str | Path) -> dict[str, str]:
+        """Write the BPE model(s) and vocabularies into ``folder`` (plain JSON); returns the file names by
+        role, for :meth:`load_tokenizers`.  A joint model is written once."""
+        folder = Path(folder)
+        joint = self.src_bpe is self.tgt_bpe and self.src_vocab is self.tgt_vocab
+        files = ({"bpe": "bpe.json", "vocab": "vocab.json"} if joint else
+                 {"src_bpe": "bpe.src.json", "tgt_bpe": "bpe.tgt.json",
+                  "src_vocab": "vocab.src.json", "tgt_vocab": "vocab.tgt.json"})
+        objs = ({"bpe": self.src_bpe, "vocab": self.src_vocab} if joint else
+                {"src_bpe": self.src_bpe, "tgt_bpe": self.tgt_bpe, "src_vocab": self.src_vocab,
+                 "tgt_vocab": self.tgt_vocab})
+        for role, name in files.items():
+            objs[role].save(folder / name)
+        return files
+
+    @classmethod
+    def load_tokenizers(cls, folder: str | Path, files: dict[str, str]) -> "TranslationData":
+        """BPE models and vocabularies written by :meth:`save_tokenizers`, with no splits: add some with
+        :func:`encode_pairs`."""
+        folder = Path(folder)
+        if "bpe" in files:
+            bpe, vocab = BPE.load(folder / files["bpe"]), Vocab.load(folder / files["vocab"])
+            return cls(bpe, bpe, vocab, vocab, {}, {})
+        return cls(BPE.load(folder / files["src_bpe"]), BPE.load(folder / files["tgt_bpe"]),
+                   Vocab.load(folder / files["src_vocab"]), Vocab.load(folder / files["tgt_vocab"]), {}, {})
+
 
 def prepare_translation(
     text: ParallelText,
@@ -198,21 +249,36 @@ def prepare_translation(
 
     splits, filtered = {}, {}
     for name, (s_lines, t_lines) in pieces.items():
-        out = TranslationSplit([], [], [], [])
-        dropped = 0
-        for i, (s, t) in enumerate(zip(s_lines, t_lines)):
-            ss, tt = s.split(), t.split()
-            if name in filter_splits:
-                ls, lt = len(ss), len(tt)
-                bad = not (min_len <= ls <= max_len and min_len <= lt <= max_len)
-                if not bad and max_ratio is not None:
-                    bad = max(ls, lt) > max_ratio * min(ls, lt)
-                if bad:
-                    dropped += 1
-                    continue
-            out.src.append(src_vocab.encode(ss, eos=True))
-            out.tgt.append(tgt_vocab.encode(tt))
-            out.index.append(i)
-            out.ref.append(" ".join(text.splits[name][1][i].split()))
-        splits[name], filtered[name] = out, dropped
+        flt = (min_len, max_len, max_ratio) if name in filter_splits else None
+        splits[name], filtered[name] = _encode(s_lines, t_lines, text.splits[name][1], src_vocab, tgt_vocab, flt)
     return TranslationData(src_bpe, tgt_bpe, src_vocab, tgt_vocab, splits, filtered)
+
+
+def _encode(s_lines, t_lines, refs, src_vocab, tgt_vocab, flt=None) -> tuple[TranslationSplit, int]:
+    out = TranslationSplit([], [], [], [])
+    dropped = 0
+    for i, (s, t) in enumerate(zip(s_lines, t_lines)):
+        ss, tt = s.split(), t.split()
+        if flt is not None:
+            min_len, max_len, max_ratio = flt
+            ls, lt = len(ss), len(tt)
+            bad = not (min_len <= ls <= max_len and min_len <= lt <= max_len)
+            if not bad and max_ratio is not None:
+                bad = max(ls, lt) > max_ratio * min(ls, lt)
+            if bad:
+                dropped += 1
+                continue
+        out.src.append(src_vocab.encode(ss, eos=True))
+        out.tgt.append(tgt_vocab.encode(tt))
+        out.index.append(i)
+        out.ref.append(" ".join(refs[i].split()))
+    return out, dropped
+
+
+def encode_pairs(data: TranslationData, src_lines: Sequence[str], tgt_lines: Sequence[str]) -> TranslationSplit:
+    """New sentence pairs (e.g. a test set given after training) as a split of ``data``: its BPE models and
+    vocabularies applied, no length filter."""
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(f"{len(src_lines)} source lines but {len(tgt_lines)} target lines")
+    return _encode(data.src_bpe.encode_batch(list(src_lines)), data.tgt_bpe.encode_batch(list(tgt_lines)),
+                   list(tgt_lines), data.src_vocab, data.tgt_vocab)[0]

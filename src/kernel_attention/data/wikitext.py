@@ -30,7 +30,8 @@ from .vocab import EOS, UNK, Vocab
 SPLITS = ("train", "valid", "test")
 LM_SPECIALS = (UNK, EOS)
 
-__all__ = ["LMCorpus", "LMSegment", "LMOrderedIterator", "load_wikitext", "tokenize_lm_file"]
+__all__ = ["LMCorpus", "LMSegment", "LMOrderedIterator", "load_wikitext", "load_text_corpus", "tokenize_lm_file",
+           "encode_lm_file"]
 
 
 def tokenize_lm_file(path: str | Path, dataset: str | None = None) -> list[list[str]]:
@@ -85,12 +86,57 @@ def load_wikitext(root: str | Path, name: str = "wikitext-2", vocab_from: str = 
     lines = {s: tokenize_lm_file(_find_split(folder, s, name), name) for s in SPLITS}
     source = lines["train"] if vocab_from == "train" else [l for s in SPLITS for l in lines[s]]
     vocab = Vocab.build(source, specials=LM_SPECIALS)
+    return _corpus(name, lines, vocab)
+
+
+def _corpus(name: str, lines: dict[str, list[list[str]]], vocab: Vocab) -> LMCorpus:
     splits, oov = {}, {}
-    for s in SPLITS:
-        ids = [vocab[w] for line in lines[s] for w in line]
-        oov[s] = sum(1 for line in lines[s] for w in line if w not in vocab)
-        splits[s] = torch.tensor(ids, dtype=torch.long)
+    for s, ls in lines.items():
+        splits[s] = torch.tensor([vocab[w] for line in ls for w in line], dtype=torch.long)
+        oov[s] = sum(1 for line in ls for w in line if w not in vocab)
     return LMCorpus(name, vocab, splits, oov)
+
+
+def encode_lm_file(path: str | Path, vocab: Vocab) -> tuple[torch.Tensor, int]:
+    """A plain-text file as one stream of ids of ``vocab`` (``<eos>`` after every line) and the number of
+    words that became ``<unk>``; used to evaluate a trained model on a new test file."""
+    lines = tokenize_lm_file(path)
+    ids = torch.tensor([vocab[w] for line in lines for w in line], dtype=torch.long)
+    return ids, sum(1 for line in lines for w in line if w not in vocab)
+
+
+def load_text_corpus(path: str | Path, valid: float = 0.1, test: float = 0.1, seed: int = 0,
+                     min_freq: int = 1) -> LMCorpus:
+    """A word-level corpus of the user's own plain text (one sentence or document per line, words split on
+    whitespace, ``<eos>`` after each line; the WikiText recipe).
+
+    ``path`` is a folder holding ``train.txt``, ``valid.txt`` (or ``val.txt``) and ``test.txt`` (each
+    possibly ``.gz``), or one file whose lines are shuffled with ``seed`` and cut into
+    ``valid`` / ``test`` fractions (at least one line each) and the rest for training.  The vocabulary is
+    the training split's words seen ``min_freq`` times or more; other words become ``<unk>``."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        lines = {}
+        for s in SPLITS:
+            names = [f"{s}.txt", "val.txt"] if s == "valid" else [f"{s}.txt"]
+            found = next((p / n for n in names if (p / n).is_file() or (p / (n + ".gz")).is_file()), p / names[0])
+            lines[s] = tokenize_lm_file(found)
+    elif p.is_file() or Path(str(p) + ".gz").is_file():
+        if not (0 <= valid < 1 and 0 <= test < 1 and valid + test < 1):
+            raise ValueError(f"valid={valid} and test={test} must be fractions in [0, 1) with a sum below 1")
+        all_lines = tokenize_lm_file(p)
+        if len(all_lines) < 3:
+            raise DataFormatError(p, None, f"{len(all_lines)} lines are too few to cut into train/valid/test")
+        order = torch.randperm(len(all_lines), generator=torch.Generator().manual_seed(seed)).tolist()
+        n_valid = max(1, round(valid * len(order)))
+        n_test = max(1, round(test * len(order)))
+        cut = {"valid": order[:n_valid], "test": order[n_valid:n_valid + n_test], "train": order[n_valid + n_test:]}
+        lines = {s: [all_lines[i] for i in sorted(cut[s])] for s in SPLITS}
+    else:
+        raise MissingDataError(f"text corpus {p} does not exist: give a folder with train.txt, valid.txt, test.txt "
+                               f"or one text file (split by the valid= and test= fractions)")
+    vocab = Vocab.build(lines["train"], min_freq=min_freq, specials=LM_SPECIALS)
+    return _corpus(p.name or str(p), lines, vocab)
 
 
 @dataclasses.dataclass
