@@ -1,9 +1,15 @@
 """``kernel-attention evaluate CHECKPOINT [--split test] [key=value ...]``: metrics of a trained model.
 
 CHECKPOINT is a ``best.pt`` / ``last.pt`` written by ``train`` (or its run directory: best.pt is used).
-The task and data are rebuilt from the config stored in the checkpoint; overrides change it for this
-evaluation only, e.g. ``eval.beam=5`` or ``eval.mem_len=640 eval.clamp_len=400``, before or after the
-options.  Prints JSON.
+The task is rebuilt from the config stored in the checkpoint, with the vocabulary / BPE files the run
+directory holds (so the training data is not needed); overrides change the config for this evaluation
+only, e.g. ``eval.beam=5`` or ``eval.mem_len=640 eval.clamp_len=400``, before or after the options.
+Prints JSON.
+
+A new test set, e.g. after the training data was moved or deleted:
+
+    kernel-attention evaluate runs/en-fr --test-src new/test.en --test-tgt new/test.fr   # translation
+    kernel-attention evaluate runs/lm --test-file new/test.txt                           # language model
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("overrides", nargs="*", help="section.key=value changes to the stored config")
     p.add_argument("--split", default="test", choices=("valid", "test"))
+    p.add_argument("--test-src", metavar="FILE", help="translation: evaluate on this source file (one tokenised "
+                   "sentence per line) with --test-tgt, instead of the dataset's test split")
+    p.add_argument("--test-tgt", metavar="FILE", help="translation: the references of --test-src, line by line")
+    p.add_argument("--test-file", metavar="FILE", help="language model: evaluate on this plain-text file "
+                   "(one sentence or document per line) instead of the dataset's test split")
     p.add_argument("--device", default="cpu")
     return p
 
@@ -47,7 +58,30 @@ def run(args) -> int:
     if loaded is None:
         return 2
     task, model, _ = loaded
-    with torch.no_grad():
-        metrics = task.evaluate(model, args.split)
-    print(json.dumps({"split": args.split, **metrics}))
+    split = args.split
+    if args.test_src or args.test_tgt:
+        if not (args.test_src and args.test_tgt) or not hasattr(task, "set_test_pair"):
+            print("kernel-attention: --test-src and --test-tgt go together, with a translation run", file=sys.stderr)
+            return 2
+        set_test, files = task.set_test_pair, (args.test_src, args.test_tgt)
+    elif args.test_file:
+        if not hasattr(task, "set_test_file"):
+            print("kernel-attention: --test-file needs a language-model run (translation: --test-src/--test-tgt)",
+                  file=sys.stderr)
+            return 2
+        set_test, files = task.set_test_file, (args.test_file,)
+    else:
+        set_test = None
+    try:
+        if set_test is not None:
+            set_test(*files)
+            split = "test"
+        with torch.no_grad():
+            metrics = task.evaluate(model, split)
+    except (ValueError, FileNotFoundError) as e:
+        hint = ("; give a test set with --test-src/--test-tgt or --test-file"
+                if isinstance(e, FileNotFoundError) and set_test is None else "")
+        print(f"kernel-attention: cannot evaluate {args.checkpoint}: {e}{hint}", file=sys.stderr)
+        return 2
+    print(json.dumps({"split": split, **({"files": list(files)} if set_test else {}), **metrics}))
     return 0

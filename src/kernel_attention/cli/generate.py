@@ -35,6 +35,9 @@ def run(args) -> int:
     if not words:
         print("kernel-attention: --prompt is empty", file=sys.stderr)
         return 2
+    unknown = [w for w in dict.fromkeys(words) if w not in task.vocab]
+    if unknown:
+        print(f"kernel-attention: warning: not in the vocabulary, read as <unk>: {' '.join(unknown)}", file=sys.stderr)
     out = task.generate(model, words, args.max_new, args.temperature, args.seed)
     print(" ".join(words + out))
     return 0

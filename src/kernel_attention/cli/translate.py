@@ -2,7 +2,10 @@
 
 For a ``translation`` run the lines are source sentences (BPE is applied, then removed from the output);
 for a ``synthetic`` run they are whitespace-separated symbol ids (>= 3).  Output: one line per input on
-stdout.  Decoding options come from the stored ``eval`` section; override with ``--beam``.
+stdout.  Decoding options come from the stored ``eval`` section; override with ``--beam``.  The BPE and
+vocabularies come from the run directory, so the training data is not needed.  ``--detokenize`` writes
+plain text: Moses escapes such as ``&apos;`` undone, punctuation and clitics attached
+(:func:`kernel_attention.data.bpe.detokenize`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("--input", required=True, help="file with one sentence per line, or - for stdin")
     p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--detokenize", action="store_true",
+                   help="translation: write plain text (undo Moses escapes such as &apos; and tokenisation)")
     p.add_argument("--device", default="cpu")
     return p
 
@@ -42,8 +47,9 @@ def run(args) -> int:
         return 2
     task, model, _ = loaded
     if isinstance(task, TranslationTask):
+        from kernel_attention.data.bpe import detokenize
         for out in task.translate_lines(model, lines):
-            print(out)
+            print(detokenize(out) if args.detokenize else out)
     elif isinstance(task, SyntheticSeq2SeqTask):
         for line in lines:
             try:

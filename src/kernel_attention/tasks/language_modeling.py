@@ -47,6 +47,9 @@ class LanguageModelingTask(Task):
         self.data = data
         self._corpus = None
         self._mems = None
+        self._vocab = None      # the run's own vocabulary (load_artifacts), used instead of rebuilding it
+        self._n_train = None
+        self._eval_splits: dict[str, torch.Tensor] = {}
 
     def prepare_data(self) -> None:
         """Load the corpus now (the runner does this before checking the model)."""
@@ -60,13 +63,45 @@ class LanguageModelingTask(Task):
 
     @property
     def vocab(self):
-        return self.corpus.vocab
+        return self._vocab if self._vocab is not None else self.corpus.vocab
 
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
-        model = MODELS.create(self.model_spec, vocab=len(self.corpus.vocab))
-        model.n_train = float(self.corpus.splits["train"].numel())  # IKA regulariser: KL per training token
+        model = MODELS.create(self.model_spec, vocab=len(self.vocab))
+        n_train = self._n_train if self._n_train is not None else self.corpus.splits["train"].numel()
+        model.n_train = float(n_train)  # IKA regulariser: KL per training token
         return model
+
+    # -- a run directory that travels: the vocabulary is kept next to the checkpoints --
+    def save_artifacts(self, run_dir) -> dict[str, Any]:
+        """Write ``vocab.json`` into ``run_dir``; returns what :meth:`load_artifacts` needs."""
+        from pathlib import Path
+        self.vocab.save(Path(run_dir) / "vocab.json")
+        return {"vocab": "vocab.json", "n_train": int(self.corpus.splits["train"].numel())}
+
+    def load_artifacts(self, run_dir, artifacts: dict[str, Any]) -> None:
+        """Use the vocabulary saved by :meth:`save_artifacts`: no training data is read."""
+        from pathlib import Path
+
+        from kernel_attention.data.vocab import Vocab
+        self._vocab = Vocab.load(Path(run_dir) / artifacts["vocab"])
+        self._n_train = int(artifacts["n_train"])
+
+    def set_test_file(self, path) -> int:
+        """Evaluate ``split='test'`` on a plain-text file (one line per sentence) instead of the dataset's;
+        returns how many of its words are not in the vocabulary (they count as ``<unk>``)."""
+        from kernel_attention.data.wikitext import encode_lm_file
+        ids, oov = encode_lm_file(path, self.vocab)
+        self._eval_splits["test"] = ids
+        return oov
+
+    def _split(self, split: str) -> torch.Tensor:
+        if split in self._eval_splits:
+            return self._eval_splits[split]
+        if self._vocab is not None and self.corpus.vocab.itos != self._vocab.itos:
+            raise ValueError(f"the data of this run now gives another vocabulary ({len(self.corpus.vocab)} words) "
+                             f"than the run was trained with ({len(self._vocab)}); evaluate a file with --test-file")
+        return self.corpus.splits[split]
 
     def _rows(self, rank: int, world_size: int) -> torch.Tensor:
         it = LMOrderedIterator(self.corpus.splits["train"], self.batch_size * world_size, self.tgt_len)
@@ -103,7 +138,7 @@ class LanguageModelingTask(Task):
         if o["clamp_len"] is not None:
             m.set_clamp_len(int(o["clamp_len"]))
         try:
-            it = LMOrderedIterator(self.corpus.splits[split], int(o["batch_size"]), int(o["tgt_len"] or self.tgt_len))
+            it = LMOrderedIterator(self._split(split), int(o["batch_size"]), int(o["tgt_len"] or self.tgt_len))
             mems, nll, n = None, 0.0, 0
             for seg in it:
                 x, y = seg.input.to(self.device), seg.target.to(self.device)

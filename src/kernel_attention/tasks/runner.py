@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from kernel_attention.config import ConfigError, dump_config
+from kernel_attention.data.files import MissingDataError
 from kernel_attention.tasks import build_task
 from kernel_attention.tasks.resume_check import check_resume_config
 from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
@@ -91,6 +92,8 @@ def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True,
     trainer = Trainer(task, train_cfg, run_dir, resume=resume, extra={"config": copy.deepcopy(dict(cfg))},
                       resume_check=check)
     dump_config(cfg, run_dir)
+    if hasattr(task, "save_artifacts"):  # vocabulary / BPE next to the checkpoints, which name the files
+        trainer.extra["artifacts"] = task.save_artifacts(run_dir)
     return trainer.fit()
 
 
@@ -98,7 +101,10 @@ def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
              device: str | torch.device = "cpu") -> tuple[Task, torch.nn.Module, dict[str, Any]]:
     """Rebuild the task and model of a checkpoint (``last.pt`` / ``best.pt``) written by :func:`train`.
 
-    ``overrides`` replaces sections of the stored config (e.g. ``{"eval": {"beam": 5}}``)."""
+    ``overrides`` replaces sections of the stored config (e.g. ``{"eval": {"beam": 5}}``).  The vocabulary /
+    BPE files that :func:`train` wrote into the run directory (named by the checkpoint's ``artifacts``) are
+    used when present, so the training data is not needed; a checkpoint without them (written before runs
+    kept them) rebuilds them from the training split as it was trained."""
     path = Path(checkpoint)
     if path.is_dir():
         path = path / "best.pt" if (path / "best.pt").is_file() else path / "last.pt"
@@ -114,7 +120,20 @@ def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
         else:
             cfg[key] = value
     task = build_task(cfg)
-    model = task.build_model()
+    artifacts = (ck.get("extra") or {}).get("artifacts")
+    if artifacts and hasattr(task, "load_artifacts"):
+        try:
+            task.load_artifacts(path.parent, artifacts)  # the run's own vocabulary / BPE: no training data needed
+        except (OSError, ValueError, KeyError) as e:
+            raise MissingDataError(f"the vocabulary / BPE files of {path.parent} cannot be read ({e}); "
+                                   f"they were written there when the run started") from None
+    try:
+        model = task.build_model()
+    except MissingDataError as e:
+        if artifacts:
+            raise
+        raise MissingDataError(f"{path} was written before runs kept their vocabulary / BPE in the run directory, "
+                               f"so they are rebuilt from the training data, which is missing: {e}") from None
     load_model_state(model, ck["model"], path)
     task.device = torch.device(device)
     model.to(task.device).eval()

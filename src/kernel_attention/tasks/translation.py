@@ -54,6 +54,7 @@ class TranslationTask(Task):
             raise SpecError("model.share_embeddings needs one joint vocabulary: set task.joint_bpe=true")
         self.data = data
         self._prepared = None
+        self._n_train = None  # from the run directory (load_artifacts)
 
     def prepare_data(self) -> None:
         """Load the data and learn BPE now (the runner does this before checking the model)."""
@@ -77,8 +78,40 @@ class TranslationTask(Task):
         d = self.prepared
         model = MODELS.create(self.model_spec, src_vocab=len(d.src_vocab), tgt_vocab=len(d.tgt_vocab),
                               pad_id=d.tgt_vocab.pad_id)
-        model.n_train = float(len(d.splits["train"]))  # IKA regulariser: KL per training sentence pair
+        n_train = self._n_train if self._n_train is not None else len(d.splits["train"])
+        model.n_train = float(n_train)  # IKA regulariser: KL per training sentence pair
         return model
+
+    # -- a run directory that travels: BPE model(s) and vocabularies are kept next to the checkpoints --
+    def save_artifacts(self, run_dir) -> dict[str, Any]:
+        """Write the BPE model(s) and vocabularies into ``run_dir``; returns what :meth:`load_artifacts` needs."""
+        d = self.prepared
+        return {"files": d.save_tokenizers(run_dir), "n_train": len(d.splits["train"])}
+
+    def load_artifacts(self, run_dir, artifacts: dict[str, Any]) -> None:
+        """Use the BPE and vocabularies saved by :meth:`save_artifacts`: no training data is read (a split
+        is read from the data only when it is evaluated, and encoded with these)."""
+        from kernel_attention.data.parallel import TranslationData
+        self._prepared = TranslationData.load_tokenizers(run_dir, artifacts["files"])
+        self._n_train = int(artifacts["n_train"])
+
+    def set_test_pair(self, src_path, tgt_path) -> int:
+        """Evaluate ``split='test'`` on these two aligned files (tokenised text, one sentence per line)
+        instead of the dataset's test split; returns the number of pairs."""
+        from kernel_attention.data.parallel import encode_pairs, read_parallel_files
+        src, tgt = read_parallel_files(src_path, tgt_path)
+        self.prepared.splits["test"] = encode_pairs(self.prepared, src, tgt)
+        return len(src)
+
+    def _split(self, split: str):
+        d = self.prepared
+        if split not in d.splits:  # tokenizers from the run directory: read this split now, encode it with them
+            from kernel_attention.data.parallel import ParallelText, encode_pairs
+            obj = load_dataset(self.data, "task 'translation'")
+            if not isinstance(obj, ParallelText):
+                raise SpecError(f"task 'translation' needs parallel text, got {type(obj).__name__}")
+            d.splits[split] = encode_pairs(d, *obj.splits[split])
+        return d.splits[split]
 
     def _batches(self, split: str, seed: int | None):
         v = self.prepared.tgt_vocab
@@ -139,7 +172,7 @@ class TranslationTask(Task):
         from kernel_attention.data.bpe import detokenize, remove_bpe
         from kernel_attention.data.parallel import collate
         d = self.prepared
-        data = d.splits[split]
+        data = self._split(split)
         n = len(data) if self.eval_opts["max_sentences"] is None else min(len(data), int(self.eval_opts["max_sentences"]))
         v = d.tgt_vocab
         hyps, refs, nll_sum, tokens = [], [], 0.0, 0
