@@ -290,3 +290,18 @@ def test_magnitude_dropout_trains_on_squared_and_blockwise_and_auto_keeps_dense_
     kern.eval()
     c = ka.explain(q, k, v, kern, "causal")
     assert c.name == "squared" and "k / sum k" in c.reasons["squared"] and "summed apart" not in c.reasons["squared"], c
+
+
+def test_the_functional_api_pools_the_amortized_density_over_real_keys_only():
+    """A call's padding mask reaches the kernel's pooled q(z|h) for that call alone, whoever calls: the values
+    of padded keys change nothing, and the kernel holds no mask after the call."""
+    torch.manual_seed(0)
+    kern = ka.make_kernel("ikas", n_heads=2, d_head=4).eval()
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    km = torch.tensor([[True] * 4 + [False] * 2])
+    moved = k.clone()
+    moved[..., 4:, :] = 100.0
+    torch.testing.assert_close(ka.attention(q, k, v, kernel=kern, key_mask=km),
+                               ka.attention(q, moved, v, kernel=kern, key_mask=km))
+    assert kern.pool_key_mask is None
+    assert not torch.allclose(ka.attention(q, k, v, kernel=kern), ka.attention(q, moved, v, kernel=kern))

@@ -30,7 +30,7 @@ def test_identity_copula_samples_exactly_as_ikan():
     torch.manual_seed(0)
     b = mikan.log_kernel(q, k)
     assert torch.allclose(a, b, atol=1e-5)
-    assert mikan._copula == 0 and torch.allclose(mikan._kl, ikan._kl)
+    assert mikan._record["copula"] == 0 and torch.allclose(mikan._record["kl"], ikan._record["kl"])
     # Marginals N(mu, std^2) per head and dimension.
     half = z_m[:, :, :1000]
     assert torch.allclose(half.mean(2), p_m.mu, atol=4 * p_m.log_std.exp().max().item() / 1000 ** 0.5)

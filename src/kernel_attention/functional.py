@@ -18,6 +18,7 @@ from torch import Tensor
 
 from kernel_attention.filters import Filter, make_filter
 from kernel_attention.kernels import Kernel, make_kernel
+from kernel_attention.kernels.capabilities import pools_keys
 from kernel_attention.smoother import PositionalTerms
 
 __all__ = ["attention", "explain", "choose_backend", "build_problem", "resolve_mask", "validation",
@@ -234,7 +235,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights)
     from kernel_attention.backends import choose
 
-    out, weights = choose(problem, backend, explain=False).backend.run(problem)
+    run = choose(problem, backend, explain=False).backend.run
+    pools = key_mask is not None and pools_keys(problem.kernel)
+    if pools:  # the backends call log_kernel(q, k) and its relatives, which pool over keys, without the mask
+        problem.kernel.pool_key_mask = key_mask
+    try:
+        out, weights = run(problem)
+    finally:
+        if pools:
+            problem.kernel.pool_key_mask = None
     return (out, weights) if need_weights else out
 
 

@@ -57,8 +57,11 @@ class Choice:
 
 def resolve_backend(spec) -> Backend:
     """A backend instance from a name / spec / instance (``"blockwise:block=4096"``).  Backends hold
-    only their parameters, so one instance per spec string is kept (no parsing per call)."""
-    return _from_spec(spec) if isinstance(spec, str) else BACKENDS.create(spec)
+    only their parameters, so one instance per spec string is kept (no parsing per call; while
+    ``torch.compile`` traces, the instance is made in the trace instead)."""
+    if isinstance(spec, str) and not torch.compiler.is_compiling():
+        return _from_spec(spec)
+    return BACKENDS.create(spec)
 
 
 @functools.lru_cache(maxsize=64)

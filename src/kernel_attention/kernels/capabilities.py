@@ -10,7 +10,10 @@ A kernel class says what it can do by mixing one in:
 * :class:`SquaredFeatures` -- k = (<q', k'>^2 + eps) · exp(key_log_j), :class:`SquaredForm`: the implicit
   kernels, formed per block without a logarithm;
 * :class:`BlockState` -- per-call state (sampled spectral points, features) drawn once and read by every
-  block of a blocked backend.
+  block of a blocked backend;
+* :class:`PoolsKeys` -- per-call state pooled over the keys (the implicit kernels' amortized density), which
+  must leave out the padded ones: :func:`~kernel_attention.attention` gives the kernel the call's key mask
+  for the duration of the call (:func:`pools_keys`).
 
 Backends ask through the functions below, which answer None (or the generic form) for a kernel without
 the capability, so no backend reads an attribute a kernel may lack.
@@ -22,8 +25,8 @@ from torch import Tensor
 
 from kernel_attention.kernels.base import Kernel, SDPAForm, SquaredForm
 
-__all__ = ["SDPAFeatures", "FeatureMap", "SquaredFeatures", "BlockState", "sdpa_layout", "sdpa_form", "feature_map",
-           "has_squared_form", "block_log_kernel"]
+__all__ = ["SDPAFeatures", "FeatureMap", "SquaredFeatures", "BlockState", "PoolsKeys", "sdpa_layout", "sdpa_form",
+           "feature_map", "has_squared_form", "block_log_kernel", "pools_keys"]
 
 
 class SDPAFeatures:
@@ -75,6 +78,23 @@ class BlockState:
         """``(state, f)`` with log k(q[rows], k[cols]) = f(rows, cols, q, k, *state); ``f.sliced_args`` says
         how f reads each state tensor ("rows", "cols" or None = whole)."""
         return _per_pair(self)
+
+
+class PoolsKeys:
+    """Capability: per-call state pooled over the keys; ``pool_key_mask`` (B, Tk) is the running call's
+    padding mask (None outside a call, or without padding)."""
+
+    pool_key_mask: Tensor | None = None
+
+    @property
+    def pools_over_positions(self) -> bool:
+        """Whether this instance pools over the keys (then a filter that hides keys would leak them)."""
+        return True
+
+
+def pools_keys(kernel: Kernel) -> bool:
+    """Whether the kernel pools over the keys, so that a call must give it its padding mask."""
+    return isinstance(kernel, PoolsKeys) and kernel.pools_over_positions
 
 
 def sdpa_layout(kernel: Kernel, key_bias: str = "features") -> str | None:

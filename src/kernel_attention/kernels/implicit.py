@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from kernel_attention.kernels.decomposition import decompose, lp_norm_sq
 from kernel_attention.kernels.base import KERNELS, SquaredForm
-from kernel_attention.kernels.capabilities import SquaredFeatures
+from kernel_attention.kernels.capabilities import PoolsKeys, SquaredFeatures
 from kernel_attention.registry import Param
 from kernel_attention.kernels.similarity_magnitude import (ExpSinKernel, LinearMagnitudeKernel, RBFOnlyKernel,
                                                    SimilarityMagnitudeKernel)
@@ -108,7 +108,7 @@ _copula_params = [
 ]
 
 
-class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
+class ImplicitKernel(SquaredFeatures, PoolsKeys, SimilarityMagnitudeKernel):
     """Random-Fourier similarity f^2 + eps with spectral points from an implicit density (or, in
     :class:`IKANDirectKernel`, parameters) and an Lp magnitude.  Needs ``d_head`` (and ``n_heads``):
     built by :class:`~kernel_attention.KernelAttention` or ``make_kernel(spec, n_heads=, d_head=)``."""
@@ -116,9 +116,6 @@ class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
     n_generators = 2
     copula = False
 
-    #: Padding mask (B, Tk) for the pooling of q(z|h) when the caller passes none: the smoother's
-    #: backends call ``log_kernel(q, k)``, so KernelAttention sets this for the duration of a call.
-    pool_key_mask: Tensor | None = None
 
     @property
     def pools_over_positions(self) -> bool:
@@ -148,8 +145,7 @@ class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
         self.copula_weight = ((1.0 if self.copula_loss else kl_weight) if copula_weight is None else copula_weight)
         self.density = (ImplicitDensity(d_head, self.n_generators, self.copula, prior_std)
                         if self.uses_density else None)
-        self._kl: Tensor | None = None
-        self._copula: Tensor | None = None
+        self._record: dict = {}  # the last call's KL and copula terms
 
     uses_density = True
 
@@ -168,7 +164,7 @@ class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
         post = self.density.posterior(q, k, key_mask, self.amortized)
         z, x = self.density.sample(post, self.R, deterministic=not self.training, rowsum=self.rowsum,
                                    clamp=self.clamp, negatives=self.negatives)
-        self._kl, self._copula = self.density.regularizer(post, x, self.copula_loss)
+        self._record["kl"], self._record["copula"] = self.density.regularizer(post, x, self.copula_loss)
         return self.density.spectral(z)
 
     def features(self, x: Tensor, ws: list[Tensor]) -> Tensor:
@@ -239,9 +235,9 @@ class ImplicitKernel(SquaredFeatures, SimilarityMagnitudeKernel):
 
     def regularization(self) -> Tensor:
         """kl_weight · KL + copula_weight · copula term of the last forward pass (0 before any)."""
-        if self._kl is None:
+        if not self._record:
             return torch.zeros(())
-        return self.kl_weight * self._kl + self.copula_weight * self._copula
+        return self.kl_weight * self._record["kl"] + self.copula_weight * self._record["copula"]
 
 
 _P, _NOP = _common_params(True), _common_params(False)

@@ -157,16 +157,9 @@ class KernelAttention(nn.Module):
         filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
         bias = mask if float_mask else None
         check_broadcast("mask", bias, q, k)  # named as the caller passed it; attention() checks it as a bias
-        pools = getattr(self.kernel, "pools_over_positions", False)
-        if pools:  # padded keys must not enter the implicit kernel's pooled q(z|h)
-            self.kernel.pool_key_mask = key_mask
-        try:
-            out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
-                                      dropout_p=self.dropout if self.training else 0.0,
-                                      need_weights=need_weights, backend=self.backend)
-        finally:
-            if pools:
-                self.kernel.pool_key_mask = None
+        out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
+                                  dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+                                  backend=self.backend)
         out, weights = out if need_weights else (out, None)
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))

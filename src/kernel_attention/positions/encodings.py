@@ -47,17 +47,26 @@ def sinusoid(pos: Tensor, dim: int, dtype: torch.dtype | None = None) -> Tensor:
     return out.to(dtype or torch.float32)
 
 
-@functools.lru_cache(maxsize=16)
 def sinusoid_range(lo: int, hi: int, dim: int, dtype: torch.dtype, device: torch.device,
                    clamp: int | None = None) -> Tensor:
     """:func:`sinusoid` of the integers lo..hi (clamped to [-clamp, clamp] when given), (hi - lo + 1, dim),
     kept for the next call with the same arguments: Transformer-XL's table of distances is the same for every
     call of a given length, and forming it (sin and cos in float64 of 2T - 1 distances, interleaved) is a
-    noticeable part of a forward pass.  The tensor is shared: read it, do not write to it."""
+    noticeable part of a forward pass.  The tensor is shared: read it, do not write to it.  While
+    ``torch.compile`` traces, it is formed in the graph instead (the lengths may be symbolic)."""
+    if torch.compiler.is_compiling():
+        return _sinusoid_range(lo, hi, dim, dtype, device, clamp)
+    return _kept_sinusoid_range(lo, hi, dim, dtype, device, clamp)
+
+
+def _sinusoid_range(lo, hi, dim, dtype, device, clamp):
     distances = torch.arange(lo, hi + 1, device=device)
     if clamp is not None:
         distances = distances.clamp(-clamp, clamp)
     return sinusoid(distances, dim, dtype)
+
+
+_kept_sinusoid_range = functools.lru_cache(maxsize=16)(_sinusoid_range)
 
 
 def _split(dim: int, axes: int) -> int:
