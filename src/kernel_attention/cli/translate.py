@@ -26,6 +26,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def target_language(data) -> str | None:
+    """The ``tgt`` code of a run's dataset spec (``parallel:path=..,src=en,tgt=fr`` -> ``fr``), if it names one."""
+    from kernel_attention.registry import SpecError, parse_spec
+    spec = (data or {}).get("dataset")
+    if not isinstance(spec, (str, dict)):
+        return None
+    try:
+        name, params = parse_spec(spec)
+    except SpecError:
+        return None
+    return params.get("tgt", "en" if name in ("multi30k", "iwslt14") else None)
+
+
 def run(args) -> int:
     import torch
 
@@ -48,8 +61,9 @@ def run(args) -> int:
     task, model, _ = loaded
     if isinstance(task, TranslationTask):
         from kernel_attention.data.bpe import detokenize
+        lang = target_language(task.data)
         for out in task.translate_lines(model, lines):
-            print(detokenize(out) if args.detokenize else out)
+            print(detokenize(out, lang) if args.detokenize else out)
     elif isinstance(task, SyntheticSeq2SeqTask):
         for line in lines:
             try:

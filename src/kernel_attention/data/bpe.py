@@ -98,15 +98,20 @@ def remove_bpe(line: str, mark: str = BPE_MARK) -> str:
 _NO_SPACE_BEFORE = re.compile(r" ([.,!?:;%)\]}]|'s\b|'re\b|'ve\b|'m\b|'ll\b|'d\b|n't\b)")
 _NO_SPACE_AFTER = re.compile(r"([(\[{„]) ")
 _HYPHEN = re.compile(r" @-@ ")
+_ELISION = re.compile(r"\b(\w+['’]) (?=\w)")  # French/Italian/Catalan: "c' est" -> "c'est", "l' homme" -> "l'homme"
+ELIDING = ("fr", "it", "ca")
 
 
-def detokenize(line: str) -> str:
+def detokenize(line: str, lang: str | None = None) -> str:
     """Approximate inverse of Moses tokenisation, enough for detokenised BLEU: unescape ``&apos;``,
     ``&quot;``, ``&amp;`` ..., join ``@-@`` hyphens, attach closing punctuation and English clitics to
-    the previous word and opening brackets to the next.  Quotes are left spaced (their side is
-    ambiguous)."""
+    the previous word and opening brackets to the next; for ``lang`` in :data:`ELIDING` an elided word is
+    joined to the next (``c' est`` -> ``c'est``, as Moses' French detokeniser).  Quotes are left spaced
+    (their side is ambiguous)."""
     s = html.unescape(line.strip())
     s = _HYPHEN.sub("-", s)
     s = _NO_SPACE_BEFORE.sub(r"\1", s)
     s = _NO_SPACE_AFTER.sub(r"\1", s)
+    if lang in ELIDING:
+        s = _ELISION.sub(r"\1", s)
     return s

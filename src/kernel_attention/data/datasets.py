@@ -131,6 +131,7 @@ _add_by_path(DatasetSpec("parallel", "translation", (), "your parallel text: par
              [Param("src", str, doc="source language code (file suffix)"),
               Param("tgt", str, doc="target language code (file suffix)"),
               Param("tokenize", bool, False, "lower-case and split punctuation off (for untokenised text)")])
+_M30K_LANGS = ("de", "en", "fr", "cs")  # task 1 releases all four; the staged copy holds de and en
 _m30k_files = []
 for _s in parallel.MULTI30K_SPLITS.values():
     for _l in ("de", "en"):
@@ -139,8 +140,10 @@ for _s in parallel.MULTI30K_SPLITS.values():
 _add(DatasetSpec("multi30k", "translation", tuple(_m30k_files),
                  "Multi30k task 1 (Elliott et al. 2016); github.com/multi30k/dataset data/task1",
                  lambda root, variant="tok", src="de", tgt="en": parallel.read_multi30k(Path(root) / "multi30k-de-en", src, tgt, variant)),
-     [Param("variant", str, "tok", choices=("tok", "raw")), Param("src", str, "de", choices=("de", "en")),
-      Param("tgt", str, "en", choices=("de", "en"))])
+     [Param("variant", str, "tok", choices=("tok", "raw")),
+      Param("src", str, "de", "cs/fr: place those files of the Multi30k release beside the de/en ones",
+            choices=_M30K_LANGS),
+      Param("tgt", str, "en", choices=_M30K_LANGS)])
 _add(DatasetSpec("iwslt14", "translation",
                  tuple(FileSpec(f"iwslt14.tokenized.de-en/{s}.{l}", None, sha256="") for s in ("train", "valid", "test") for l in ("de", "en")),
                  "IWSLT'14 De-En, fairseq split: not downloadable as files; run fairseq's "
