@@ -69,8 +69,10 @@ def check_dataset_spec(data: Mapping[str, Any] | None, where: str, kinds: tuple[
         from kernel_attention.data import DATASETS, SPECS
         name, _ = DATASETS.validate(spec)
         if SPECS[name].kind not in kinds:
-            ok = sorted(n for n, s in SPECS.items() if s.kind in kinds)
-            raise SpecError(f"{where}: dataset {name!r} is a {SPECS[name].kind} dataset; accepted: {', '.join(ok)}")
+            ok = sorted(n for n, s in SPECS.items() if s.kind in kinds and not s.by_path)
+            own = sorted(f"{n}:path=..." for n, s in SPECS.items() if s.kind in kinds and s.by_path)
+            mine = f", or your own files: {', '.join(own)}" if own else ""
+            raise SpecError(f"{where}: dataset {name!r} is a {SPECS[name].kind} dataset; accepted: {', '.join(ok)}{mine}")
 
 
 def load_dataset(data: Mapping[str, Any] | None, where: str) -> Any:
