@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from kernel_attention.cli import main
+from kernel_attention.cli.data import run_check
 from kernel_attention.data import DATASETS, DataFormatError, MissingDataError
 from kernel_attention.data.datasets import dataset_names
 from kernel_attention.registry import SpecError
@@ -57,6 +58,8 @@ def test_text_errors_and_listing(tmp_path):
     with pytest.raises(SpecError, match="path"):
         DATASETS.create("text")
     assert "text" not in dataset_names() and "parallel" not in dataset_names()
+    lines = []
+    assert run_check(str(tmp_path), ["parallel"], out=lines.append) == 2 and "parallel:path=DIR" in lines[0]
 
 
 def test_parallel_any_codes_plain_and_gz(tmp_path):

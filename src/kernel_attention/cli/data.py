@@ -73,6 +73,12 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
         out(str(e))
         return 2
     wanted = list(dict.fromkeys(SPECS[n].name for n in wanted))
+    own = [n for n in wanted if SPECS[n].by_path]
+    if own:
+        out(f"{', '.join(own)}: your own files, named by path= in the spec (e.g. {own[0]}:path=DIR); there is "
+            f"nothing to check under a data root: `kernel-attention train CONFIG data.dataset={own[0]}:path=DIR "
+            f"--check` reads them")
+        return 2
     failed = False
     if download:
         for n in wanted:
