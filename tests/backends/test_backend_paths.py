@@ -66,10 +66,14 @@ def _dropped_magnitude_reference(kern, q, k, v, filt, key_mask, seed):
     p = build_problem(q, k, v, kern, filt, key_mask=key_mask)
     b, h, tq, tk = p.shape
     keep, blocks = plan_blocks(p.keep, tq, tk, SquaredBackend(block=1024).rows(p))
-    torch.manual_seed(seed)
-    form = kern.squared_form(q, k)                 # the call's dropout seed, after its spectral points
-    torch.manual_seed(seed)
-    log_sim, log_mag = kern.decompose(q, k)        # the same spectral points
+    kern.pool_key_mask = key_mask                  # an amortized density pools over the call's real keys
+    try:
+        torch.manual_seed(seed)
+        form = kern.squared_form(q, k)             # the call's dropout seed, after its spectral points
+        torch.manual_seed(seed)
+        log_sim, log_mag = kern.decompose(q, k)    # the same spectral points
+    finally:
+        kern.pool_key_mask = None
     dropped = torch.zeros(b, h, tq, tk, dtype=torch.bool)
     for r0, r1, lo, hi in blocks:
         if hi > lo:
