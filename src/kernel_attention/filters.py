@@ -191,7 +191,8 @@ class Local(Filter):
 
     def mask(self, tq, tk, device=None, key_mask=None):
         p, j = _grid(tq, tk, device)
-        return (p - j).abs() <= self.window
+        # comparisons of the (Tq, 1) and (1, Tk) positions: one byte per pair, no (Tq, Tk) int64 distances
+        return (j >= p - self.window) & (j <= p + self.window)
 
     def __repr__(self):
         return f"local(window={self.window})"
@@ -209,8 +210,8 @@ class Strided(Filter):
 
     def mask(self, tq, tk, device=None, key_mask=None):
         p, j = _grid(tq, tk, device)
-        d = p - j
-        return (d >= 0) & ((d < self.stride) | (d % self.stride == 0))
+        # (p - j) % stride == 0 as p % stride == j % stride: bool (Tq, Tk) only, no int64 distances
+        return (j <= p) & ((j > p - self.stride) | (p % self.stride == j % self.stride))
 
     def __repr__(self):
         return f"strided(stride={self.stride})"
