@@ -10,6 +10,7 @@ from kernel_attention.filters import FILTERS, Filter, make_filter
 from kernel_attention.functional import attention, choose_backend, explain, validation
 from kernel_attention.kernels import KERNELS, Kernel, make_kernel
 from kernel_attention.kernels.implicit import decompose, regularization, share_spectral
+from kernel_attention.load import load
 from kernel_attention.nn import GraphAttention, KernelAttention, TransformerBlock
 from kernel_attention.positions import POSITIONS, DifferenceIndex, make_position
 from kernel_attention.registry import Registry, SpecError
@@ -20,4 +21,4 @@ __version__ = "0.1.0"
 __all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
            "Filter", "PositionalTerms", "DifferenceIndex", "make_kernel", "make_filter", "make_position", "Registry",
            "SpecError", "validation", "explain", "choose_backend", "decompose", "regularization", "share_spectral",
-           "GraphAttention", "__version__"]
+           "GraphAttention", "load", "__version__"]

@@ -29,7 +29,7 @@ from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
 from kernel_attention.training.checkpoint import load_model_state
 from kernel_attention.training.task import Task
 
-__all__ = ["prepare", "train", "load_run", "run_dir_of", "build_checked"]
+__all__ = ["prepare", "train", "load_run", "run_dir_of", "build_checked", "build_run", "merge_overrides"]
 
 
 def _train_config(cfg: Mapping[str, Any]) -> TrainConfig:
@@ -94,7 +94,11 @@ def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True,
     dump_config(cfg, run_dir)
     if hasattr(task, "save_artifacts"):  # vocabulary / BPE next to the checkpoints, which name the files
         trainer.extra["artifacts"] = task.save_artifacts(run_dir)
-    return trainer.fit()
+    summary = trainer.fit()
+    if trainer.is_main:  # the weights also as RUN/model.safetensors, which other tools load without pickle
+        from kernel_attention.load import export
+        export(run_dir)
+    return summary
 
 
 def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
@@ -114,13 +118,30 @@ def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
     cfg = dict((ck.get("extra") or {}).get("config") or {})
     if not cfg:
         raise ConfigError(f"checkpoint {path} has no stored config (was it written by `kernel-attention train`?)")
+    cfg = merge_overrides(cfg, overrides)
+    task, model = build_run(cfg, (ck.get("extra") or {}).get("artifacts"), path)
+    load_model_state(model, ck["model"], path)
+    task.device = torch.device(device)
+    model.to(task.device).eval()
+    return task, model, cfg
+
+
+def merge_overrides(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``cfg`` with sections replaced (or, for mappings, updated) by ``overrides``."""
+    cfg = dict(cfg)
     for key, value in (overrides or {}).items():
         if isinstance(value, Mapping) and isinstance(cfg.get(key), Mapping):
             cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
+    return cfg
+
+
+def build_run(cfg: Mapping[str, Any], artifacts: Mapping[str, Any] | None,
+              path: Path) -> tuple[Task, torch.nn.Module]:
+    """The task and (untrained) model of a stored run's config, with the vocabulary / BPE files named by
+    ``artifacts`` in ``path``'s folder (else rebuilt from the training split)."""
     task = build_task(cfg)
-    artifacts = (ck.get("extra") or {}).get("artifacts")
     if artifacts and hasattr(task, "load_artifacts"):
         try:
             task.load_artifacts(path.parent, artifacts)  # the run's own vocabulary / BPE: no training data needed
@@ -134,7 +155,4 @@ def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
             raise
         raise MissingDataError(f"{path} was written before runs kept their vocabulary / BPE in the run directory, "
                                f"so they are rebuilt from the training data, which is missing: {e}") from None
-    load_model_state(model, ck["model"], path)
-    task.device = torch.device(device)
-    model.to(task.device).eval()
-    return task, model, cfg
+    return task, model

@@ -1,0 +1,62 @@
+"""``kernel_attention.load(RUN)`` and ``RUN/model.safetensors``: a trained run back in Python without its
+training data, from a checkpoint or from the safetensors file alone."""
+
+import shutil
+
+import torch
+import yaml
+
+import kernel_attention as ka
+from kernel_attention.cli import main
+from tests.test_travel import train_mt
+
+
+def train_lm(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 6)
+    cfg = {"task": {"name": "lm", "batch_size": 2, "tgt_len": 6},
+           "data": {"dataset": f"text:path={corpus}"},
+           "model": {"d_model": 16, "n_heads": 2, "d_ff": 16, "n_layers": 1, "mem_len": 6},
+           "train": {"max_steps": 3, "progress": False, "test_best": False}}
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    assert main(["train", str(tmp_path / "lm.yaml"), "--run-dir", str(run)]) == 0
+    return corpus, run
+
+
+def test_load_lm_run_from_checkpoint_and_safetensors(tmp_path):
+    corpus, run = train_lm(tmp_path)
+    assert (run / "model.safetensors").is_file()            # written when the run finished
+    shutil.rmtree(corpus)
+    model, vocab = ka.load(run)
+    assert not model.training and next(model.parameters()).device.type == "cpu"
+    assert vocab.itos[:2] == ["<unk>", "<eos>"]
+    loaded = ka.load(run)
+    assert loaded.path.name in ("best.pt", "last.pt") and loaded.config["task"]["name"] == "lm"
+    assert loaded.task.generate(loaded.model, ["the", "cat"], 2)
+    for name in ("best.pt", "last.pt"):
+        (run / name).unlink(missing_ok=True)
+    from_st = ka.load(run)                                  # only model.safetensors is left
+    assert from_st.path.name == "model.safetensors"
+    a, b = loaded.model.state_dict(), from_st.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    x = torch.tensor([[vocab["the"], vocab["cat"]]])
+    assert torch.equal(loaded.model(x)[0], from_st.model(x)[0])
+
+
+def test_load_translation_and_export_command(tmp_path, capsys):
+    pairs, run = train_mt(tmp_path, steps=2)
+    shutil.rmtree(pairs)
+    (run / "model.safetensors").unlink()
+    capsys.readouterr()
+    assert main(["export", str(run)]) == 0
+    assert capsys.readouterr().out.strip().endswith("model.safetensors")
+    full = ka.load(run)
+    st = ka.load(run / "model.safetensors", overrides={"eval": {"beam": 1}})
+    assert full.bpe is not None and full.vocab is full.tokenizer.tgt_vocab
+    lines = ["it is the cat"]
+    assert st.task.translate_lines(st.model, lines) == full.task.translate_lines(full.model, lines)
+    assert main(["export", str(tmp_path / "nothing")]) == 2
+    assert "cannot export" in capsys.readouterr().err
