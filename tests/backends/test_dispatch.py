@@ -55,7 +55,7 @@ def test_explain_names_every_backend_in_order_with_a_reason():
     assert all(isinstance(r, str) and r for r in c.reasons.values())
     assert "CUDA only" in c.reasons["flex"] and "shaw" in c.reasons["banded"]
     assert "no squared form" in c.reasons["squared"]
-    assert c.reasons["blockwise"].startswith("chosen: ") and "blocks of" in c.reasons["blockwise"]
+    assert c.reasons["blockwise"].startswith("chosen: ") and "1 block of 23 query rows" in c.reasons["blockwise"]
     assert c.reasons["linear"].startswith("after blockwise, which runs the call; this one: ")
     assert c.reasons["dense"] == "after blockwise, which runs the call; this one could too"
     text = str(c)
@@ -172,8 +172,8 @@ def test_backends_describe_what_they_run(monkeypatch):
     for backend, dropout, name, says in (("sdpa:key_bias=mask", 0.0, "sdpa", "one scaled_dot_product_attention call on rbf key bias"),
                                          ("auto", 0.1, "sdpa", "one scaled_dot_product_attention call on rbf features"),
                                          ("auto", 0.0, "sdpa", "one scaled_dot_product_attention call on rbf features"),
-                                         ("blockwise", 0.1, "blockwise", "1 blocks of 23 query rows, SDPA features per block"),
-                                         ("blockwise", 0.0, "blockwise", "1 blocks of 23 query rows, SDPA features per block")):
+                                         ("blockwise", 0.1, "blockwise", "1 block of 23 query rows, SDPA features per block"),
+                                         ("blockwise", 0.0, "blockwise", "1 block of 23 query rows, SDPA features per block")):
         blocked.clear()
         c = explain(q, k, v, "rbf", None, backend=backend, dropout_p=dropout)
         attention(q, k, v, "rbf", None, backend=backend, dropout_p=dropout)

@@ -111,7 +111,7 @@ class BlockwiseBackend(Backend):
         blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1]
         mode = self._sliced(p)
         what = "log k per block" if sdpa_layout(p.kernel) is None else "SDPA features per block"
-        text = f"{len(blocks)} blocks of {rows} query rows, {what}"
+        text = f"{len(blocks)} block{'s' if len(blocks) != 1 else ''} of {rows} query rows, {what}"
         if mode is not None:
             off = native.why_not(p.q.dtype)
             term = ("Transformer-XL's relative term as a skewed view" if mode == "relative"

@@ -261,7 +261,7 @@ class SquaredBackend(Backend):
         blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], self.rows(p))[1]
         drop = ("; its magnitude dropout is drawn per block, and the pairs that keep their magnitude and those "
                 "that drop it are summed apart" if getattr(p.kernel, "drops_magnitude", False) else "")
-        return (f"{len(blocks)} blocks of {self.rows(p)} query rows; k = ((phi(q)·phi(k))/n)^2 + eps times a "
+        return (f"{len(blocks)} block{'s' if len(blocks) != 1 else ''} of {self.rows(p)} query rows; k = ((phi(q)·phi(k))/n)^2 + eps times a "
                 f"per-key factor, formed per block and normalised as k / sum k (no log or exp per pair){drop}")
 
     def run(self, p: Problem):
