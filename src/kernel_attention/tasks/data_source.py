@@ -5,6 +5,7 @@
     data: {dataset: wikitext-2, root: /data}          # the same: ``root`` is the data root of the dataset
     data: {dataset: "text:path=my-corpus"}            # your own plain text (train.txt, valid.txt, test.txt)
     data: {dataset: "parallel:path=my-pairs,src=en,tgt=fr"}   # your own parallel text ({train,valid,test}.{en,fr})
+    data: {dataset: "tsv:path=my-reviews,text=0,label=1"}     # your own labelled text ({train,valid,test}.tsv)
     data: {dataset: <LMCorpus | TranslationData | ...>}   # Python API / tests: an object is used as is
 
 ``dataset`` and ``root`` are the section's only keys (:data:`DATA_KEYS`); any other fails naming them,
@@ -27,7 +28,9 @@ __all__ = ["DATA_KEYS", "load_dataset", "check_dataset_spec", "check_data_sectio
 #: the keys of a ``data:`` section, with what each holds
 DATA_KEYS = {"dataset": "a dataset name such as 'wikitext-2', or a mapping {name: ..., root: ...}; your own "
                         "files: text:path=DIR (train.txt, valid.txt, test.txt) or text:path=FILE for a language "
-                        "model, parallel:path=DIR,src=en,tgt=fr ({train,valid,test}.{en,fr}) for translation",
+                        "model, parallel:path=DIR,src=en,tgt=fr ({train,valid,test}.{en,fr}) for translation, "
+                        "tsv:path=DIR,text=NAME|INDEX,label=NAME|INDEX ({train,valid,test}.tsv; csv:path=... for "
+                        ".csv; or one file split by valid=/test=) for classification",
              "root": "the data root the dataset's files are read from (default: $KERNEL_ATTENTION_DATA, "
                      "../shared/data, ~/.cache/kernel-attention)"}
 

@@ -1,0 +1,140 @@
+"""Labelled text in your own TSV / CSV files, for sentence classification (``tsv:path=...``, ``csv:path=...``).
+
+    data: {dataset: "tsv:path=my-reviews"}                          # my-reviews/{train,valid,test}.tsv
+    data: {dataset: "csv:path=reviews.csv,text=review,label=stars,valid=0.1,test=0.1,seed=0"}
+
+``path`` is a folder holding ``train.tsv`` and ``test.tsv`` (``.csv`` for ``csv``; plain or ``.gz``) and
+optionally ``valid.tsv`` (or ``val`` / ``dev``; without one the classification task keeps 10% of train for
+validation), or one file whose rows are shuffled with ``seed`` and cut into ``valid`` / ``test`` fractions
+(at least one row each) and the rest for training.
+
+The text and label columns are chosen by header name or by 0-based index (``text=``, ``label=``; default
+``text`` and ``label``).  ``header``: ``auto`` (the default) reads the first row as a header when a column
+is chosen by name, and as data when both are indices; ``true`` / ``false`` say so.  Labels are any strings
+(``pos``, ``neg``, ``3``); the classes are the labels of all splits, sorted (as numbers when all are
+integers), numbered from 0.  TSV fields are split on tabs with no quoting (quotes are text); CSV follows the
+usual quoting (``"a, b"``).  ``tokenize=true`` lower-cases the text and splits punctuation off (words are
+otherwise split on whitespace).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import torch
+
+from .classification import ClassificationData
+from .files import DataFormatError, MissingDataError, read_lines, resolve
+
+__all__ = ["load_table_classification", "read_table"]
+
+_SPLITS = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
+
+
+def read_table(path: str | Path, sep: str, encoding: str = "utf-8") -> tuple[Path, list[list[str]]]:
+    """The rows of a TSV (``sep="\\t"``, no quoting) or CSV (``sep=","``) file; empty lines are skipped."""
+    p, lines = read_lines(path, encoding)
+    if sep == "\t":
+        rows = [line.split("\t") for line in lines if line.strip()]
+    else:
+        rows = [r for r in csv.reader(io.StringIO("\n".join(lines) + "\n")) if r and any(c.strip() for c in r)]
+    return p, rows
+
+
+def _column(which: str, rows: list[list[str]], header: list[str] | None, p: Path, role: str) -> int:
+    if which.lstrip("-").isdigit():
+        return int(which)
+    if header is None:
+        raise DataFormatError(p, None, f"{role}={which!r} names a column but the file is read without a header "
+                                       f"(header=false); give the column's 0-based index")
+    names = [h.strip() for h in header]
+    if which not in names:
+        raise DataFormatError(p, 1, f"no column {which!r} for {role}= in the header {names}; give {role}=NAME "
+                                    f"or a 0-based index")
+    return names.index(which)
+
+
+def _read_split(path: Path, sep: str, text: str, label: str, header: str,
+                encoding: str) -> tuple[list[str], list[str]]:
+    p, rows = read_table(path, sep, encoding)
+    by_name = not (text.lstrip("-").isdigit() and label.lstrip("-").isdigit())
+    has_header = by_name if header == "auto" else header == "true"
+    head = rows[0] if has_header and rows else None
+    body = rows[1:] if has_header else rows
+    ti, li = _column(text, rows, head, p, "text"), _column(label, rows, head, p, "label")
+    texts, labels = [], []
+    first = 2 if has_header else 1
+    for i, row in enumerate(body):
+        if max(ti, li) >= len(row):
+            raise DataFormatError(p, None, f"row {i + first} has {len(row)} column(s); text={text} and label={label} "
+                                           f"need {max(ti, li) + 1} (is the separator {'a tab' if sep == chr(9) else 'a comma'}?)")
+        if not row[li].strip():
+            raise DataFormatError(p, None, f"row {i + first} has an empty label")
+        texts.append(row[ti].strip())
+        labels.append(row[li].strip())
+    if not texts:
+        raise DataFormatError(p, None, "no rows")
+    return texts, labels
+
+
+def _find(folder: Path, split: str, ext: str) -> Path | None:
+    for name in _SPLITS[split]:
+        for cand in (folder / f"{name}.{ext}", folder / f"{name}.{ext}.gz"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def load_table_classification(path: str | Path, sep: str, text: str = "text", label: str = "label",
+                              header: str = "auto", valid: float = 0.1, test: float = 0.1, seed: int = 0,
+                              tokenize: bool = False, encoding: str = "utf-8") -> ClassificationData:
+    """:class:`ClassificationData` from TSV (``sep="\\t"``) or CSV (``sep=","``) files; see the module
+    docstring.  The splits are always given (``train``, ``test``, and ``valid`` when there is one)."""
+    if header not in ("auto", "true", "false"):
+        raise ValueError(f"header={header!r} must be auto, true or false")
+    ext = "tsv" if sep == "\t" else "csv"
+    p = Path(path).expanduser()
+    parts: dict[str, tuple[list[str], list[str]]] = {}
+    if p.is_dir():
+        for split in ("train", "valid", "test"):
+            f = _find(p, split, ext)
+            if f is None:
+                if split == "valid":
+                    continue
+                raise MissingDataError(f"{ext} data {p} has no {split}.{ext}: give a folder with train.{ext}, "
+                                       f"test.{ext} (and valid.{ext}) or one {ext} file split by valid= and test=")
+            parts[split] = _read_split(f, sep, text, label, header, encoding)
+    elif p.is_file() or Path(str(p) + ".gz").is_file():
+        if not (0 <= valid < 1 and 0 < test < 1 and valid + test < 1):
+            raise ValueError(f"valid={valid} and test={test} must be fractions (test above 0) with a sum below 1")
+        t, y = _read_split(resolve(p), sep, text, label, header, encoding)
+        if len(t) < 3:
+            raise DataFormatError(p, None, f"{len(t)} rows are too few to cut into train/valid/test")
+        order = torch.randperm(len(t), generator=torch.Generator().manual_seed(seed)).tolist()
+        n_valid = max(1, round(valid * len(order))) if valid > 0 else 0
+        n_test = max(1, round(test * len(order)))
+        cut = {"valid": order[:n_valid], "test": order[n_valid:n_valid + n_test], "train": order[n_valid + n_test:]}
+        parts = {s: ([t[i] for i in sorted(idx)], [y[i] for i in sorted(idx)]) for s, idx in cut.items() if idx}
+    else:
+        raise MissingDataError(f"{ext} data {p} does not exist: give a folder with train.{ext}, valid.{ext}, "
+                               f"test.{ext} or one {ext} file (split by the valid= and test= fractions)")
+    names = sorted({y for _, ys in parts.values() for y in ys})
+    if all(n.lstrip("-").isdigit() for n in names):
+        names.sort(key=int)
+    if len(names) < 2:
+        raise DataFormatError(p, None, f"one label only ({names[0]!r}) in column label={label}: a classifier needs two")
+    index = {n: i for i, n in enumerate(names)}
+    texts: list[str] = []
+    labels: list[int] = []
+    splits = {}
+    for split, (t, y) in parts.items():
+        splits[split] = torch.arange(len(texts), len(texts) + len(t))
+        if tokenize:
+            from .parallel import simple_tokenize
+            t = [simple_tokenize(x) for x in t]
+        texts += t
+        labels += [index[v] for v in y]
+    return ClassificationData(p.name or str(p), texts, torch.tensor(labels, dtype=torch.long), len(names), splits,
+                              {ext: encoding}, names)
