@@ -68,6 +68,13 @@ class DatasetSpec:
     aliases: tuple[str, ...] = ()
     note: str = ""
     by_path: bool = False  # the user's own files, named by ``path=`` (no data root, not in ``data list``)
+    kind_param: tuple[str, str] | None = None  # (param, kind): giving that param makes it a dataset of that kind
+
+    def kind_of(self, params: dict[str, Any]) -> str:
+        """The kind of this entry with these parameters (``csv:path=F,target=y`` is a regression table)."""
+        if self.kind_param and params.get(self.kind_param[0]) is not None:
+            return self.kind_param[1]
+        return self.kind
 
 
 SPECS: dict[str, DatasetSpec] = {}
@@ -159,11 +166,21 @@ for _name, (_files, _k) in classification.CLASSIFICATION.items():
                      lambda root, encoding="auto", _n=_name: classification.load_classification(root, _n, encoding)),
          [Param("encoding", str, "auto", choices=("auto", "utf-8", "latin-1"))])
 
+def _table(path, sep, target=None, ignore=None, header="auto", encoding="utf-8", **kw):
+    if target is None:
+        if ignore is not None:
+            raise SpecError("ignore= goes with target= (a regression table)")
+        return tables.load_table_classification(path, sep, header=header, encoding=encoding, **kw)
+    return tables.load_table_regression(path, sep, target, ignore, header, encoding)
+
+
 for _ext, _sep in (("tsv", "\t"), ("csv", ",")):
     _add_by_path(DatasetSpec(_ext, "classification", (), f"your labelled text: {_ext}:path=DIR with train.{_ext}, "
                              f"test.{_ext} (and valid.{_ext}), or {_ext}:path=FILE split by valid=/test= fractions; "
-                             f"columns text=NAME|INDEX, label=NAME|INDEX",
-                             lambda path, _s=_sep, **kw: tables.load_table_classification(path, _s, **kw), by_path=True),
+                             f"columns text=NAME|INDEX, label=NAME|INDEX; with target=NAME|INDEX one numeric "
+                             f"table for regression",
+                             lambda path, _s=_sep, **kw: _table(path, _s, **kw), by_path=True,
+                             kind_param=("target", "regression")),
                  [Param("text", str, "text", "the text column: header name or 0-based index"),
                   Param("label", str, "label", "the label column: header name or 0-based index"),
                   Param("header", str, "auto", "auto: a header row when a column is named", choices=("auto", "true", "false")),
@@ -171,7 +188,9 @@ for _ext, _sep in (("tsv", "\t"), ("csv", ",")):
                   Param("test", float, 0.1, "fraction of a single file's rows for test"),
                   Param("seed", int, 0, "shuffle of a single file's rows"),
                   Param("tokenize", bool, False, "lower-case and split punctuation off"),
-                  Param("encoding", str, "utf-8", choices=("utf-8", "latin-1"))])
+                  Param("encoding", str, "utf-8", choices=("utf-8", "latin-1")),
+                  Param("target", str, None, "regression: the target column (name or index)", optional=True),
+                  Param("ignore", str, None, "regression: columns left out, joined by + (id+date)", optional=True)])
 
 # -- graphs --------------------------------------------------------------------------------------------
 _PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")

@@ -1,4 +1,5 @@
-"""Labelled text in your own TSV / CSV files, for sentence classification (``tsv:path=...``, ``csv:path=...``).
+"""Your own TSV / CSV files: labelled text for sentence classification (``tsv:path=...``, ``csv:path=...``),
+or a numeric table for regression (``csv:path=FILE,target=NAME|INDEX``).
 
     data: {dataset: "tsv:path=my-reviews"}                          # my-reviews/{train,valid,test}.tsv
     data: {dataset: "csv:path=reviews.csv,text=review,label=stars,valid=0.1,test=0.1,seed=0"}
@@ -15,6 +16,9 @@ is chosen by name, and as data when both are indices; ``true`` / ``false`` say s
 integers), numbered from 0.  TSV fields are split on tabs with no quoting (quotes are text); CSV follows the
 usual quoting (``"a, b"``).  ``tokenize=true`` lower-cases the text and splits punctuation off (words are
 otherwise split on whitespace).
+
+With ``target=`` the same entries read one numeric table for the ``regression`` task
+(:func:`load_table_regression`): the target column is y, the other columns (less ``ignore=a+b``) the features.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import torch
 
 from .classification import ClassificationData
 from .files import DataFormatError, MissingDataError, read_lines, resolve
+from .uci import RegressionData
 
-__all__ = ["load_table_classification", "read_table"]
+__all__ = ["load_table_classification", "load_table_regression", "read_table"]
 
 _SPLITS = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
 
@@ -138,3 +143,55 @@ def load_table_classification(path: str | Path, sep: str, text: str = "text", la
         labels += [index[v] for v in y]
     return ClassificationData(p.name or str(p), texts, torch.tensor(labels, dtype=torch.long), len(names), splits,
                               {ext: encoding}, names)
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def load_table_regression(path: str | Path, sep: str, target: str, ignore: str | None = None,
+                          header: str = "auto", encoding: str = "utf-8") -> RegressionData:
+    """:class:`~kernel_attention.data.uci.RegressionData` from one CSV (``sep=","``) or TSV file: the
+    ``target`` column (header name or 0-based index) is y, every other column is a feature except those
+    named in ``ignore`` (names or indices joined by ``+``: ``ignore=id+date``).  ``header=auto`` reads the
+    first row as a header when one of its cells is not a number.  Every feature and target cell must be a
+    number.  The regression task cuts its own seeded train / test splits (``task.split``, ``n_splits``)."""
+    if header not in ("auto", "true", "false"):
+        raise ValueError(f"header={header!r} must be auto, true or false")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise MissingDataError(f"regression data {p} is a folder: give one table file (target=... reads "
+                               f"one file; the regression task cuts its own splits)")
+    p, rows = read_table(resolve(p), sep, encoding)
+    if not rows:
+        raise DataFormatError(p, None, "no rows")
+    has_header = (any(_number(c) is None for c in rows[0]) if header == "auto" else header == "true")
+    head = [h.strip() for h in rows[0]] if has_header else None
+    body = rows[1:] if has_header else rows
+    width = len(rows[0])
+    names = head or [str(i) for i in range(width)]
+    ti = _column(target, rows, head, p, "target")
+    skip = {_column(w.strip(), rows, head, p, "ignore") for w in (ignore or "").split("+") if w.strip()}
+    if ti >= width or any(i >= width for i in skip):
+        raise DataFormatError(p, None, f"the file has {width} columns (0..{width - 1})")
+    feats = [i for i in range(width) if i != ti and i not in skip]
+    if not feats:
+        raise DataFormatError(p, None, "no feature column is left besides the target")
+    values = []
+    first = 2 if has_header else 1
+    for r, row in enumerate(body):
+        if len(row) != width:
+            raise DataFormatError(p, r + first, f"{len(row)} columns, the first row has {width}")
+        nums = [_number(c) for c in row]
+        bad = next((i for i in [ti, *feats] if nums[i] is None), None)
+        if bad is not None:
+            raise DataFormatError(p, r + first, f"column {names[bad]!r} holds {row[bad][:30]!r}, not a number "
+                                                f"(leave such columns out with ignore={names[bad]})")
+        values.append(nums)
+    if len(values) < 3:
+        raise DataFormatError(p, None, f"{len(values)} rows are too few for a regression")
+    t = torch.tensor(values, dtype=torch.float64)
+    return RegressionData(p.name, t[:, feats], t[:, ti:ti + 1], [names[i] for i in feats], names[ti])

@@ -30,7 +30,8 @@ DATA_KEYS = {"dataset": "a dataset name such as 'wikitext-2', or a mapping {name
                         "files: text:path=DIR (train.txt, valid.txt, test.txt) or text:path=FILE for a language "
                         "model, parallel:path=DIR,src=en,tgt=fr ({train,valid,test}.{en,fr}) for translation, "
                         "tsv:path=DIR,text=NAME|INDEX,label=NAME|INDEX ({train,valid,test}.tsv; csv:path=... for "
-                        ".csv; or one file split by valid=/test=) for classification",
+                        ".csv; or one file split by valid=/test=) for classification, csv:path=FILE,target=NAME|INDEX "
+                        "(the other columns are the features; ignore=a+b leaves some out) for regression",
              "root": "the data root the dataset's files are read from (default: $KERNEL_ATTENTION_DATA, "
                      "../shared/data, ~/.cache/kernel-attention)"}
 
@@ -70,12 +71,15 @@ def check_dataset_spec(data: Mapping[str, Any] | None, where: str, kinds: tuple[
     spec = _spec(data, where)
     if isinstance(spec, (str, Mapping)):
         from kernel_attention.data import DATASETS, SPECS
-        name, _ = DATASETS.validate(spec)
-        if SPECS[name].kind not in kinds:
+        name, params = DATASETS.validate(spec)
+        kind = SPECS[name].kind_of(params)
+        if kind not in kinds:
             ok = sorted(n for n, s in SPECS.items() if s.kind in kinds and not s.by_path)
-            own = sorted(f"{n}:path=..." for n, s in SPECS.items() if s.kind in kinds and s.by_path)
+            own = sorted({f"{n}:path=..." for n, s in SPECS.items() if s.kind in kinds and s.by_path}
+                         | {f"{n}:path=...,{s.kind_param[0]}=..." for n, s in SPECS.items()
+                            if s.by_path and s.kind_param and s.kind_param[1] in kinds})
             mine = f", or your own files: {', '.join(own)}" if own else ""
-            raise SpecError(f"{where}: dataset {name!r} is a {SPECS[name].kind} dataset; accepted: {', '.join(ok)}{mine}")
+            raise SpecError(f"{where}: dataset {name!r} is a {kind} dataset; accepted: {', '.join(ok)}{mine}")
 
 
 def load_dataset(data: Mapping[str, Any] | None, where: str) -> Any:
