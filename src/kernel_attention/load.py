@@ -139,6 +139,6 @@ def export(run: str | Path, out: str | Path | None = None) -> Path:
             "source": path.name}
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp:
-        save_model(model, str(tmp), metadata=meta)
+        save_model(model, str(tmp), metadata=meta, force_contiguous=True)
     return out
 

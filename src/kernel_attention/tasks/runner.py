@@ -96,8 +96,14 @@ def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True,
         trainer.extra["artifacts"] = task.save_artifacts(run_dir)
     summary = trainer.fit()
     if trainer.is_main:  # the weights also as RUN/model.safetensors, which other tools load without pickle
+        import sys
+
         from kernel_attention.load import export
-        export(run_dir)
+        try:
+            export(run_dir)
+        except (ValueError, OSError, RuntimeError) as e:  # the run is trained and its checkpoints kept all the same
+            print(f"kernel-attention: warning: model.safetensors not written ({e}); "
+                  f"`kernel-attention export {run_dir}` retries", file=sys.stderr)
     return summary
 
 
