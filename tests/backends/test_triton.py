@@ -1,6 +1,7 @@
 """The ``triton`` backend against ``dense`` in float32: values and the gradients of q, k, v and of the positional
 parameters, over every kernel x position x filter it runs, with Transformer-XL's memory (Tq < Tk), empty rows and
-tiles that the filter skips.
+tiles that the filter skips; the implicit kernels' squared form (k / sum k) with the gradients of their
+parameters.
 
 Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET=1 is set while this
 module loads them (Triton reads it when a kernel is defined) and during each of its tests, and restored after,
@@ -24,6 +25,7 @@ if not ON_CUDA:
 try:
     pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[gpu]')")
     importlib.import_module("kernel_attention.backends.triton_kernels")
+    importlib.import_module("kernel_attention.backends.triton_squared_kernels")
 finally:
     if _before is None:
         os.environ.pop("TRITON_INTERPRET", None)
@@ -61,20 +63,20 @@ def _key_mask(tk, b=B, empty=True):
     return km.to(DEVICE)
 
 
-def _setup(kernel, position, tq, tk, d=D, b=B, self_attention=True, seed=0):
+def _setup(kernel, position, tq, tk, d=D, b=B, self_attention=True, seed=0, train=False):
     torch.manual_seed(1)
     pos = make_position(position, d_model=H * d, n_heads=H, d_head=d).to(DEVICE, DT)
-    kern = ka.make_kernel(kernel, n_heads=H, d_head=d).to(DEVICE, DT).eval()
+    kern = ka.make_kernel(kernel, n_heads=H, d_head=d).to(DEVICE, DT).train(train)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, H, t, d, generator=g, dtype=DT).to(DEVICE).requires_grad_() for t in (tq, tk, tk))
     return pos, kern, q, k, v, default_positions(tq, tk, DEVICE, self_attention)
 
 
 def _run(backend, kernel, position="none", filt=None, tq=33, tk=33, key_mask=None, d=D, b=B,
-         self_attention=True, edit=None):
+         self_attention=True, edit=None, train=False):
     """Output and gradients (q, k, v, positional and kernel parameters) of one call; ``edit(q, k, v)`` changes
     the inputs in place before it."""
-    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk, d, b, self_attention)
+    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk, d, b, self_attention, train=train)
     if edit is not None:
         with torch.no_grad():
             edit(q, k, v)
@@ -186,7 +188,7 @@ def test_tiles_outside_the_filter_are_not_read():
 
 
 @pytest.mark.parametrize("case,why", [
-    (dict(kernel="ikas"), "no SDPA features"),
+    (dict(kernel="poly"), "SDPA features"),
     (dict(kernel="exp", dropout_p=0.1), "dropout"),
     (dict(kernel="exp", need_weights=True), "need_weights"),
     (dict(kernel="exp", filt="strided:stride=4"), "filter"),
@@ -249,3 +251,59 @@ def test_without_triton_the_reason_says_how_to_install(monkeypatch):
 
     monkeypatch.setattr(triton_flash, "INSTALLED", False)
     assert "pip install 'kernel-attention[gpu]'" in resolve_backend("triton").supports(_problem("exp"))
+
+
+IMPLICIT = ["ikas", "ikans", "ikan", "ikan-direct", "mikan"]
+
+
+@pytest.mark.parametrize("filt", FILTERS, ids=lambda f: str(f))
+@pytest.mark.parametrize("kernel", IMPLICIT)
+def test_implicit_kernels_match_dense(kernel, filt):
+    """The squared form k / sum k in eval mode, T = 33 in tiles of 16: values, q, k, v and the kernel's
+    parameters (spectral densities, spectral points) against dense's soft-max of log k."""
+    km = _key_mask(33) if filt == "padding" else None
+    p = _problem(kernel, "none", filt, key_mask=km)
+    assert resolve_backend("triton").supports(p) is None
+    assert "squared form" in resolve_backend("triton").describe(p)
+    _close(_run("triton", kernel, "none", filt, key_mask=km), _run("dense", kernel, "none", filt, key_mask=km),
+           atol=5e-5)
+
+
+@pytest.mark.parametrize("filt", FILTERS, ids=lambda f: str(f))
+@pytest.mark.parametrize("kernel,t,train", [("ikas", 7, False), ("ikan-direct", 33, True)])
+def test_implicit_kernels_short_and_in_training(kernel, t, train, filt):
+    """A single partial tile (T = 7), and ikan-direct in training (no magnitude dropout by default)."""
+    km = _key_mask(t) if filt == "padding" else None
+    _close(_run("triton", kernel, "none", filt, t, t, key_mask=km, train=train),
+           _run("dense", kernel, "none", filt, t, t, key_mask=km, train=train), atol=5e-5)
+
+
+@pytest.mark.parametrize("tq,tk,filt", [(7, 40, "local:window=5"), (40, 7, "causal")])
+def test_implicit_kernels_memory_and_empty_rows(tq, tk, filt):
+    """Tq < Tk with a local window (keys no query keeps leave the key factor's range) and Tq > Tk under the
+    causal filter (the first rows see no key: zeros)."""
+    got = _run("triton", "ikan", "none", filt, tq, tk, self_attention=False)
+    _close(got, _run("dense", "ikan", "none", filt, tq, tk, self_attention=False), atol=5e-5)
+
+
+def test_implicit_tiles_outside_the_filter_are_not_read():
+    """As test_tiles_outside_the_filter_are_not_read, on ikan-direct (no density pooled over every key)."""
+    with validation(False):
+        out, grads = _run("triton", "ikan-direct", "none", "local:window=4", 7, 40, edit=_poison(slice(0, 16)))
+    out_ref, grads_ref = _run("dense", "ikan-direct", "none", "local:window=4", 7, 40)
+    torch.testing.assert_close(out, out_ref, atol=5e-5, rtol=5e-5)
+    torch.testing.assert_close(grads[0], grads_ref[0], atol=5e-5, rtol=5e-5)  # q's gradient
+
+
+def test_implicit_reasons():
+    triton = resolve_backend("triton")
+    assert "positional terms" in triton.supports(_problem("ikas", "shaw"))
+    assert "dropout" in triton.supports(_problem("ikas", dropout_p=0.1))
+    kern = ka.make_kernel("ikan-direct:magnitude_dropout=0.1", n_heads=H, d_head=D).to(DEVICE).train()
+    q, k, v = (torch.randn(B, H, 9, D, device=DEVICE) for _ in range(3))
+    assert "magnitude dropout" in triton.supports(build_problem(q, k, v, kern))
+    kern = ka.make_kernel("ikas", n_heads=H, d_head=D).to(DEVICE).eval()
+    assert "dtype" in triton.supports(build_problem(q.half(), k.half(), v.half(), kern.half()))
+    k = k.clone()
+    k[:, :, 0] *= 30.0  # a key whose log factor ||k||^2 / denom lies far above the others'
+    assert "spans" in triton.supports(build_problem(q, k, v, kern.float()))

@@ -19,6 +19,10 @@ gets zeros and zero gradient.  The forward keeps only the output and the row log
 recomputes the weights per tile (:mod:`~kernel_attention.backends.triton_kernels`).  No (Tq, Tk) tensor is
 formed in either pass.
 
+A kernel with :class:`~kernel_attention.kernels.base.SquaredForm` (the implicit kernels in eval mode, or training
+without magnitude dropout) runs instead as k / sum k, (<q'_i, k'_j>^2 + eps) times a per-key factor, over the same
+filters and tiles (:mod:`~kernel_attention.backends.triton_squared`).
+
 The kernels are two operators with fake implementations (``kernel_attention::triton_flash_forward`` and
 ``::triton_flash_backward``, the second the first's autograd formula), so ``torch.compile`` keeps a call in
 its graph.  Triton is optional (``pip install 'kernel-attention[gpu]'``).  On CUDA the kernels are compiled;
@@ -41,7 +45,8 @@ from kernel_attention.backends.policy import policy
 from kernel_attention.positions.difference_index import DifferenceIndex
 from kernel_attention.filters import Local
 from kernel_attention.registry import Param
-from kernel_attention.kernels.capabilities import sdpa_layout
+from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
+from kernel_attention.backends.triton_squared import squared_why_not, triton_squared_smoother
 
 __all__ = ["TritonBackend", "triton_why_not", "triton_smoother", "flash_forward", "flash_backward"]
 
@@ -125,8 +130,14 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
         return "need_weights=True: only dense forms the (Tq, Tk) weights"
     if p.dropout_p > 0:
         return "dropout on the weights is not in its kernels"
+    if has_squared_form(p.kernel):
+        filt = _filter(p)
+        if filt is None:
+            return f"filter {p.filter!r} is not full, causal or local (each with or without padding)"
+        return squared_why_not(p, *filt)
     if sdpa_layout(p.kernel, key_bias) is None:
-        return f"kernel {p.kernel.name!r} has no SDPA features (capability SDPAFeatures)"
+        return (f"kernel {p.kernel.name!r} has neither SDPA features (capability SDPAFeatures) nor a squared "
+                f"form (SquaredFeatures)")
     if p.q.dtype not in _DTYPES:
         return f"dtype {p.q.dtype}: its kernels take float32, bfloat16 or float16"
     t = p.terms
@@ -284,6 +295,8 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
 
     b, h, tq, tk = p.shape
     dtype = p.q.dtype
+    if has_squared_form(p.kernel):
+        return triton_squared_smoother(p, *_filter(p), block or (16 if p.q.device.type == "cpu" else 64))
     qf, kf, scale, kbias = sdpa_features(p, key_bias)
     t = p.terms
     kbs = [x for x in (kbias, None if t is None else t.key_bias) if x is not None]
@@ -343,6 +356,9 @@ class TritonBackend(Backend):
         block = self.block or (16 if p.q.device.type == "cpu" else 64)
         t = p.terms
         parts = [f"Triton flash kernels in {block}x{block} tiles on {p.kernel.name} features"]
+        if has_squared_form(p.kernel):
+            parts = [f"Triton kernels in {block}x{block} tiles on {p.kernel.name}'s squared form: "
+                     f"(q'·k')^2 + eps times a per-key factor, summed in float32 and normalised as k / sum k"]
         kb = sdpa_layout(p.kernel, self.key_bias) == "bias" or (t is not None and t.key_bias is not None)
         if kb:
             parts.append("a key bias")
