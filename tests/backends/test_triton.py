@@ -309,3 +309,24 @@ def test_implicit_reasons():
     k = k.clone()
     k[:, :, 0] *= 30.0  # a key whose log factor ||k||^2 / denom lies far above the others'
     assert "spans" in triton.supports(build_problem(q, k, v, kern.float()))
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="Triton's interpreter gets bfloat16 products wrong (the exp-family "
+                    "kernels' as well): compiled kernels only")
+@pytest.mark.parametrize("filt", [None, "causal"], ids=lambda f: str(f))
+@pytest.mark.parametrize("kernel", ["ikas", "ikan-direct"])
+def test_implicit_kernels_in_bfloat16(kernel, filt, dtype=torch.bfloat16):
+    """bfloat16 inputs (float32 sums in the kernels) against dense in float32 on the same rounded inputs and
+    kernel parameters."""
+    pos, kern, q, k, v, _ = _setup(kernel, "none", 33, 33)
+    kern = kern.to(dtype).float()
+    q, k, v = (x.detach().to(dtype).float().requires_grad_() for x in (q, k, v))
+    ref = attention(q, k, v, kern, filt, backend="dense")
+    gref = torch.autograd.grad(ref.sum(), [q, k, v])
+    low = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    out = attention(*low, kern.to(dtype), filt, backend="triton")
+    grads = torch.autograd.grad(out.float().sum(), low)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=6e-2, rtol=6e-2)
+    for g, r in zip(grads, gref):
+        torch.testing.assert_close(g.float(), r, atol=1.5e-1, rtol=1.5e-1)
