@@ -57,6 +57,23 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _tile(X, bh, offs, valid, T, D, d):
+    """Rows ``offs`` of the (B·H, T, D) tensor X for program ``bh``, columns ``d``: a (len(offs), len(d)) tile,
+    0 where a row is not ``valid`` or a column is past D."""
+    return tl.load(X + bh * T * D + offs[:, None] * D + d[None, :], mask=valid[:, None] & (d[None, :] < D),
+                   other=0.0)
+
+
+@triton.jit
+def _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM: tl.constexpr):
+    """int8 (BN,): 1 where the key exists and (with a padding mask KM (B·H, Tk)) is real."""
+    km = cols.to(tl.int8)
+    if HAS_KM:
+        km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+    return km
+
+
+@triton.jit
 def _keep(offs_m, offs_n, Tq, Tk, OFF, WIN, km, MODE: tl.constexpr, HAS_KM: tl.constexpr):
     """(BM, BN) bool: the pair is in range and kept by the filter."""
     keep = (offs_m[:, None] < Tq) & (offs_n[None, :] < Tk)
@@ -142,12 +159,10 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, O, LSE,
     dv = tl.arange(0, BDV)
     dr = tl.arange(0, BDR)
     rows = offs_m < Tq
-    q = tl.load(Q + bh * Tq * DK + offs_m[:, None] * DK + dk[None, :], mask=rows[:, None] & (dk[None, :] < DK),
-                other=0.0)
+    q = _tile(Q, bh, offs_m, rows, Tq, DK, dk)
     qv = q
     if HAS_XL:
-        qv = tl.load(QV + bh * Tq * DR + offs_m[:, None] * DR + dr[None, :],
-                     mask=rows[:, None] & (dr[None, :] < DR), other=0.0)
+        qv = _tile(QV, bh, offs_m, rows, Tq, DR, dr)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
@@ -155,14 +170,10 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, O, LSE,
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
-        km = cols.to(tl.int8)
-        if HAS_KM:
-            km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+        km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
         if tl.max(km.to(tl.int32), 0) > 0:  # a key tile with no kept key (all padding) is skipped
-            k = tl.load(K + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :],
-                        mask=cols[:, None] & (dk[None, :] < DK), other=0.0)
-            v = tl.load(V + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :],
-                        mask=cols[:, None] & (dv[None, :] < DV), other=0.0)
+            k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
+            v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
                             SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, HAS_KM, PREC)
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -198,13 +209,9 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DK_, DV_, DKB,
     dv = tl.arange(0, BDV)
     dr = tl.arange(0, BDR)
     cols = offs_n < Tk
-    k = tl.load(K + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :], mask=cols[:, None] & (dk[None, :] < DK),
-                other=0.0)
-    v = tl.load(V + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :], mask=cols[:, None] & (dv[None, :] < DV),
-                other=0.0)
-    km = cols.to(tl.int8)
-    if HAS_KM:
-        km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+    k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
+    v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
+    km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
     acc_k = tl.zeros([BN, BDK], tl.float32)
     acc_v = tl.zeros([BN, BDV], tl.float32)
     acc_b = tl.zeros([BN], tl.float32)
@@ -214,14 +221,11 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DK_, DV_, DKB,
     for m0 in range(lo, hi, BM):
         offs_m = m0 + tl.arange(0, BM)
         rows = offs_m < Tq
-        q = tl.load(Q + bh * Tq * DK + offs_m[:, None] * DK + dk[None, :],
-                    mask=rows[:, None] & (dk[None, :] < DK), other=0.0)
+        q = _tile(Q, bh, offs_m, rows, Tq, DK, dk)
         qv = q
         if HAS_XL:
-            qv = tl.load(QV + bh * Tq * DR + offs_m[:, None] * DR + dr[None, :],
-                         mask=rows[:, None] & (dr[None, :] < DR), other=0.0)
-        do = tl.load(DO + bh * Tq * DV + offs_m[:, None] * DV + dv[None, :],
-                     mask=rows[:, None] & (dv[None, :] < DV), other=0.0)
+            qv = _tile(QV, bh, offs_m, rows, Tq, DR, dr)
+        do = _tile(DO, bh, offs_m, rows, Tq, DV, dv)
         lse = tl.load(LSE + bh * Tq + offs_m, mask=rows, other=float("inf"))
         delta = tl.load(DELTA + bh * Tq + offs_m, mask=rows, other=0.0)
         s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
@@ -257,14 +261,11 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DQ, DL, DQV, DRT
     dv = tl.arange(0, BDV)
     dr = tl.arange(0, BDR)
     rows = offs_m < Tq
-    q = tl.load(Q + bh * Tq * DK + offs_m[:, None] * DK + dk[None, :], mask=rows[:, None] & (dk[None, :] < DK),
-                other=0.0)
+    q = _tile(Q, bh, offs_m, rows, Tq, DK, dk)
     qv = q
     if HAS_XL:
-        qv = tl.load(QV + bh * Tq * DR + offs_m[:, None] * DR + dr[None, :],
-                     mask=rows[:, None] & (dr[None, :] < DR), other=0.0)
-    do = tl.load(DO + bh * Tq * DV + offs_m[:, None] * DV + dv[None, :], mask=rows[:, None] & (dv[None, :] < DV),
-                 other=0.0)
+        qv = _tile(QV, bh, offs_m, rows, Tq, DR, dr)
+    do = _tile(DO, bh, offs_m, rows, Tq, DV, dv)
     lse = tl.load(LSE + bh * Tq + offs_m, mask=rows, other=float("inf"))
     delta = tl.load(DELTA + bh * Tq + offs_m, mask=rows, other=0.0)
     acc_q = tl.zeros([BM, BDK], tl.float32)
@@ -276,14 +277,10 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, DO, LSE, DELTA, DQ, DL, DQV, DRT
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
-        km = cols.to(tl.int8)
-        if HAS_KM:
-            km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+        km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
         if tl.max(km.to(tl.int32), 0) > 0:
-            k = tl.load(K + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :],
-                        mask=cols[:, None] & (dk[None, :] < DK), other=0.0)
-            v = tl.load(V + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :],
-                        mask=cols[:, None] & (dv[None, :] < DV), other=0.0)
+            k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
+            v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
                             SOFF, OFF, WIN, km, HAS_KB, HAS_SHAW, C, W, HAS_XL, BM, BN, WP, BDR, MODE, HAS_KM, PREC)
             p = tl.exp2(s - lse[:, None])

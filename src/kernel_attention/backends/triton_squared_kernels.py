@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_attention.backends.triton_kernels import _keep, _key_range, _query_range
+from kernel_attention.backends.triton_kernels import _keep, _key_mask, _key_range, _query_range, _tile
 
 __all__ = ["squared_forward", "squared_backward_kv", "squared_backward_q"]
 
@@ -47,21 +47,16 @@ def squared_forward(FQ, FK, VW, KM, N, Tq, Tk, F, W, eps, OFF, WIN,
     df = tl.arange(0, BF)
     dw = tl.arange(0, BW)
     rows = offs_m < Tq
-    fq = tl.load(FQ + bh * Tq * F + offs_m[:, None] * F + df[None, :], mask=rows[:, None] & (df[None, :] < F),
-                 other=0.0)
+    fq = _tile(FQ, bh, offs_m, rows, Tq, F, df)
     acc = tl.zeros([BM, BW], tl.float32)
     lo, hi = _key_range(m0, Tk, OFF, WIN, BM, BN, MODE)
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
-        km = cols.to(tl.int8)
-        if HAS_KM:
-            km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+        km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
         if tl.max(km.to(tl.int32), 0) > 0:  # a key tile with no kept key (all padding) is skipped
-            fk = tl.load(FK + bh * Tk * F + offs_n[:, None] * F + df[None, :],
-                         mask=cols[:, None] & (df[None, :] < F), other=0.0)
-            vw = tl.load(VW + bh * Tk * W + offs_n[:, None] * W + dw[None, :],
-                         mask=cols[:, None] & (dw[None, :] < W), other=0.0)
+            fk = _tile(FK, bh, offs_n, cols, Tk, F, df)
+            vw = _tile(VW, bh, offs_n, cols, Tk, W, dw)
             s, p, keep = _pairs(fq, fk, offs_m, offs_n, Tq, Tk, OFF, WIN, km, eps, MODE, HAS_KM, PREC)
             acc += tl.dot(p.to(vw.dtype), vw, input_precision=PREC)
     tl.store(N + bh * Tq * W + offs_m[:, None] * W + dw[None, :], acc, mask=rows[:, None] & (dw[None, :] < W))
@@ -78,13 +73,9 @@ def squared_backward_kv(FQ, FK, VW, KM, DN, DFK, DVW, Tq, Tk, F, W, eps, OFF, WI
     df = tl.arange(0, BF)
     dw = tl.arange(0, BW)
     cols = offs_n < Tk
-    fk = tl.load(FK + bh * Tk * F + offs_n[:, None] * F + df[None, :], mask=cols[:, None] & (df[None, :] < F),
-                 other=0.0)
-    vw = tl.load(VW + bh * Tk * W + offs_n[:, None] * W + dw[None, :], mask=cols[:, None] & (dw[None, :] < W),
-                 other=0.0).to(tl.float32)
-    km = cols.to(tl.int8)
-    if HAS_KM:
-        km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+    fk = _tile(FK, bh, offs_n, cols, Tk, F, df)
+    vw = _tile(VW, bh, offs_n, cols, Tk, W, dw).to(tl.float32)
+    km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
     acc_k = tl.zeros([BN, BF], tl.float32)
     acc_v = tl.zeros([BN, BW], tl.float32)
     lo, hi = _query_range(n0, Tq, OFF, WIN, BM, BN, MODE)
@@ -93,10 +84,8 @@ def squared_backward_kv(FQ, FK, VW, KM, DN, DFK, DVW, Tq, Tk, F, W, eps, OFF, WI
     for m0 in range(lo, hi, BM):
         offs_m = m0 + tl.arange(0, BM)
         rows = offs_m < Tq
-        fq = tl.load(FQ + bh * Tq * F + offs_m[:, None] * F + df[None, :],
-                     mask=rows[:, None] & (df[None, :] < F), other=0.0)
-        dn = tl.load(DN + bh * Tq * W + offs_m[:, None] * W + dw[None, :],
-                     mask=rows[:, None] & (dw[None, :] < W), other=0.0)
+        fq = _tile(FQ, bh, offs_m, rows, Tq, F, df)
+        dn = _tile(DN, bh, offs_m, rows, Tq, W, dw)
         s, p, keep = _pairs(fq, fk, offs_m, offs_n, Tq, Tk, OFF, WIN, km, eps, MODE, HAS_KM, PREC)
         acc_v += tl.dot(tl.trans(p), dn, input_precision=PREC)
         dp = tl.dot(dn, tl.trans(vw), input_precision=PREC)
@@ -119,23 +108,17 @@ def squared_backward_q(FQ, FK, VW, KM, DN, DFQ, Tq, Tk, F, W, eps, OFF, WIN,
     df = tl.arange(0, BF)
     dw = tl.arange(0, BW)
     rows = offs_m < Tq
-    fq = tl.load(FQ + bh * Tq * F + offs_m[:, None] * F + df[None, :], mask=rows[:, None] & (df[None, :] < F),
-                 other=0.0)
-    dn = tl.load(DN + bh * Tq * W + offs_m[:, None] * W + dw[None, :], mask=rows[:, None] & (dw[None, :] < W),
-                 other=0.0)
+    fq = _tile(FQ, bh, offs_m, rows, Tq, F, df)
+    dn = _tile(DN, bh, offs_m, rows, Tq, W, dw)
     acc_q = tl.zeros([BM, BF], tl.float32)
     lo, hi = _key_range(m0, Tk, OFF, WIN, BM, BN, MODE)
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
-        km = cols.to(tl.int8)
-        if HAS_KM:
-            km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
+        km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
         if tl.max(km.to(tl.int32), 0) > 0:
-            fk = tl.load(FK + bh * Tk * F + offs_n[:, None] * F + df[None, :],
-                         mask=cols[:, None] & (df[None, :] < F), other=0.0)
-            vw = tl.load(VW + bh * Tk * W + offs_n[:, None] * W + dw[None, :],
-                         mask=cols[:, None] & (dw[None, :] < W), other=0.0).to(tl.float32)
+            fk = _tile(FK, bh, offs_n, cols, Tk, F, df)
+            vw = _tile(VW, bh, offs_n, cols, Tk, W, dw).to(tl.float32)
             s, p, keep = _pairs(fq, fk, offs_m, offs_n, Tq, Tk, OFF, WIN, km, eps, MODE, HAS_KM, PREC)
             dp = tl.dot(dn, tl.trans(vw), input_precision=PREC)
             ds = tl.where(keep, 2.0 * s * dp, 0.0)
