@@ -8,22 +8,7 @@ import yaml
 
 import kernel_attention as ka
 from kernel_attention.cli import main
-from tests.test_travel import train_mt
-
-
-def train_lm(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split in ("train", "valid", "test"):
-        (corpus / f"{split}.txt").write_text("the cat sat on the mat\nthe dog sat on the log\n" * 6)
-    cfg = {"task": {"name": "lm", "batch_size": 2, "tgt_len": 6},
-           "data": {"dataset": f"text:path={corpus}"},
-           "model": {"d_model": 16, "n_heads": 2, "d_ff": 16, "n_layers": 1, "mem_len": 6},
-           "train": {"max_steps": 3, "progress": False, "test_best": False}}
-    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
-    run = tmp_path / "run"
-    assert main(["train", str(tmp_path / "lm.yaml"), "--run-dir", str(run)]) == 0
-    return corpus, run
+from tests.test_travel import train_lm, train_mt
 
 
 def test_load_lm_run_from_checkpoint_and_safetensors(tmp_path):

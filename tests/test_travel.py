@@ -85,7 +85,8 @@ def test_old_run_falls_back_to_the_training_data(tmp_path, capsys):
     assert "written before runs kept their vocabulary" in err and "train.en" in err
 
 
-def test_lm_run_travels_and_unknown_prompt_words_warn(tmp_path, capsys):
+def train_lm(tmp_path):
+    """A 3-step word-level LM on a tiny corpus by path: (the corpus folder, the run directory)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for split in ("train", "valid", "test"):
@@ -97,6 +98,11 @@ def test_lm_run_travels_and_unknown_prompt_words_warn(tmp_path, capsys):
     (tmp_path / "lm.yaml").write_text(yaml.safe_dump(cfg))
     run = tmp_path / "run"
     assert main(["train", str(tmp_path / "lm.yaml"), "--run-dir", str(run)]) == 0
+    return corpus, run
+
+
+def test_lm_run_travels_and_unknown_prompt_words_warn(tmp_path, capsys):
+    corpus, run = train_lm(tmp_path)
     assert json.loads((run / "vocab.json").read_text())["itos"][:2] == ["<unk>", "<eos>"]
     shutil.rmtree(corpus)
     new = tmp_path / "new.txt"
