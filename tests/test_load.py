@@ -4,7 +4,6 @@ training data, from a checkpoint or from the safetensors file alone."""
 import shutil
 
 import torch
-import yaml
 
 import kernel_attention as ka
 from kernel_attention.cli import main
