@@ -43,6 +43,8 @@ class Problem:
     terms: PositionalTerms | None = None
     dropout_p: float = 0.0
     need_weights: bool = False
+    #: what a backend computed about this call while deciding, for its run (e.g. squared's per-key factor)
+    memo: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

@@ -240,7 +240,7 @@ class SquaredBackend(Backend):
     def supports(self, p: Problem) -> str | None:
         if p.need_weights:
             return "need_weights=True: only dense forms the (Tq, Tk) weights"
-        why = squared_route(p)[1]
+        why = _route(p)[1]
         if why == "":
             return f"kernel {p.kernel.name!r} has no squared form (capability SquaredFeatures)"
         return why
@@ -265,8 +265,16 @@ class SquaredBackend(Backend):
                 f"per-key factor, formed per block and normalised as k / sum k (no log or exp per pair){drop}")
 
     def run(self, p: Problem):
-        key_log, why = squared_route(p)
+        key_log, why = _route(p)
         b, h, tq, tk = p.shape
         keep, blocks = plan_blocks(p.keep, tq, tk, self.rows(p))
         form = p.kernel.squared_form(p.q, p.k, key_log=key_log)
         return squared_smoother(form, p.v, keep, blocks), None
+
+
+def _route(p: Problem) -> tuple[Tensor | None, str | None]:
+    """:func:`squared_route` once per call: ``supports`` and ``run`` both need it, and it reads the key factor's
+    range back from the tensors."""
+    if "squared" not in p.memo:
+        p.memo["squared"] = squared_route(p)
+    return p.memo["squared"]
