@@ -6,7 +6,9 @@ dissection-values (Table 4), ika-classification (IKA Table 2), ika-translation (
 
 ``--scale paper`` uses the papers' configurations (configs/transformer_dissection, configs/
 implicit_kernel_attention); ``--scale small`` shrinks model, data and steps so a cell takes minutes on a
-CPU, and says exactly what it shrank (printed, and written into table.md).  ``--seeds N`` runs per cell
+CPU, and says exactly what it shrank (printed, and written into table.md); ``--scale converged`` trains
+models sized for the staged data until the validation metric stops improving (early stopping), the scale
+whose findings the results page reports.  ``--seeds N`` runs per cell
 (seeds; folds for classification; splits for regression).  Every cell is a normal training run under
 ``OUT/NAME/cells/<cell>/``; finished cells (result.json) are skipped, unfinished ones resume from last.pt.
 Several processes may run one study into the same OUT at once (say one per core): each skips the
@@ -29,7 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("study", help="run a paper table's grid and write our numbers beside the paper's",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", nargs="?", help="study name (omit with --list)")
-    p.add_argument("--scale", choices=("small", "paper"), default="small")
+    p.add_argument("--scale", choices=("small", "converged", "paper"), default="small")
     p.add_argument("--seeds", type=int, default=None, help="runs per cell (default: the study's for the scale)")
     p.add_argument("--data", default=None, help="data root (default: $KERNEL_ATTENTION_DATA or ../shared/data)")
     p.add_argument("--out", default="studies", help="output directory (default: studies)")
