@@ -273,3 +273,55 @@ def test_plain_progress_lines_are_at_most_one_per_interval_but_the_last_always_p
     lines.update(100, 0.5, 1e-3, 100.0, 2.0, final=True)
     printed = out.getvalue().splitlines()
     assert [l.split()[1] for l in printed] == ["10/100", "100/100"]
+
+
+class _Scripted(ToyTask):
+    """Validation loss read from ``script`` at the trainer's step (``trainer`` is set after construction),
+    so that the sequence of validation scores is known whatever the weights do."""
+
+    script = {1: 5.0, 2: 4.0, 3: 4.5, 4: 4.2, 5: 3.0, 6: 2.0}
+    trainer = None
+
+    def evaluate(self, model, split):
+        out = super().evaluate(model, split)
+        return {**out, "loss": self.script[self.trainer.step]} if split == "valid" else out
+
+
+def _scripted_run(run_dir, **kw):
+    task = _Scripted()
+    trainer = Trainer(task, _cfg(max_steps=6, eval_every=1, accum_steps=1, checkpoint_every=1, **kw), run_dir)
+    task.trainer = trainer
+    return trainer, trainer.fit()
+
+
+def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path):
+    # valid loss 5, 4 (best), 4.5, 4.2: two evaluations in a row without improvement -> stop at step 4,
+    # before the 3.0 of step 5; best.pt is step 2's and is the one tested.
+    _, out = _scripted_run(tmp_path / "p2", patience=2)
+    assert out["step"] == 4 and out["stopped_early"] and out["best"]["step"] == 2
+    assert [r["step"] for r in _records(tmp_path / "p2") if r["split"] == "valid"] == [1, 2, 3, 4]
+    assert [r.get("best_step") for r in _records(tmp_path / "p2") if r.get("checkpoint") == "best"] == [2]
+    # patience 3 rides over the two bad evaluations and trains to max_steps
+    _, out = _scripted_run(tmp_path / "p3", patience=3)
+    assert out["step"] == 6 and not out["stopped_early"] and out["best"]["step"] == 6
+    # no patience: max_steps
+    _, out = _scripted_run(tmp_path / "none")
+    assert out["step"] == 6 and not out["stopped_early"]
+
+
+def test_early_stopping_survives_a_kill_and_a_finished_run_stays_finished(tmp_path):
+    full = _records(_scripted_run(tmp_path / "full", patience=2)[0].run_dir)
+    _, cut = _scripted_run(tmp_path / "cut", patience=2, stop_after=3)    # killed after one stale evaluation
+    assert cut["interrupted"]
+    _, out = _scripted_run(tmp_path / "cut", patience=2)                   # resumes with the count kept
+    assert out["step"] == 4 and out["stopped_early"]
+    assert _records(tmp_path / "cut") == full
+    trainer, again = _scripted_run(tmp_path / "cut", patience=2)          # finished: nothing more is trained
+    assert again["step"] == 4 and trainer.stale_evals == 2
+
+
+def test_patience_needs_evaluations():
+    with pytest.raises(ValueError, match="train.patience=2 counts evaluations: it needs train.eval_every > 0"):
+        TrainConfig(max_steps=3, patience=2)
+    with pytest.raises(ValueError, match="train.patience must be an integer >= 1"):
+        TrainConfig(max_steps=3, eval_every=1, patience=0)

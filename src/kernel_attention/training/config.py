@@ -34,6 +34,7 @@ _NUMBERS: dict[str, tuple[type, float | None, str]] = {
     "checkpoint_every": (int, 0, "an integer >= 0 (0 = only at the end)"),
     "checkpoint_minutes": (float, 0, ">= 0 (0 = off), a finite number of minutes"),
     "stop_after": (int, 0, "an integer >= 0 (or null)"),
+    "patience": (int, 1, "an integer >= 1 (or null: no early stopping)"),
 }
 _STRICT = ("lr", "eps")  # > low, not >= low
 
@@ -73,6 +74,8 @@ class TrainConfig:
     regularization_weight: float = 1.0  # weight of model.regularization() when the model has one
     log_every: int = 1                  # steps between "train" records
     eval_every: int = 0                 # steps between "valid" evaluations; 0 = only at the end
+    patience: int | None = None         # stop after this many evaluations without a better validation
+                                        # metric (early stopping; needs eval_every > 0); None = never
     checkpoint_every: int = 0           # steps between last.pt writes; 0 = only at the end
     checkpoint_minutes: float = 10.0    # also write last.pt once this long has passed since the last write
                                         # (checked on logged steps; 0 = off), so a kill loses at most that
@@ -92,6 +95,8 @@ class TrainConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false{' (or null)' if name == 'progress' else ''}, "
                                  f"got {getattr(self, name)!r}")
+        if self.patience is not None and not self.eval_every:
+            raise ValueError(f"train.patience={self.patience} counts evaluations: it needs train.eval_every > 0")
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer {self.optimizer!r} is not one of ['adam', 'adamw']")
         if self.precision not in ("fp32", "bf16", "fp16"):

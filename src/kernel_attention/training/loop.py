@@ -20,7 +20,9 @@ then, on multiples of ``log_every`` / ``eval_every`` / ``checkpoint_every`` step
 ``task.metric_for_selection``), ``last.pt``; ``last.pt`` also on a logged step once ``checkpoint_minutes``
 have passed since it was last written (the ranks decide on their mean elapsed time, reduced with the
 train record, so that they all call the collective save together).  Training stops at ``max_steps``
-updates or after ``max_epochs`` epochs, whichever comes first; then "valid" and "test" are evaluated,
+updates or after ``max_epochs`` epochs, whichever comes first, or (``patience = P``) once P evaluations in a
+row have not improved on the best validation metric (early stopping; the count is kept in the checkpoints,
+so a resumed run stops where an uninterrupted one would); then "valid" and "test" are evaluated,
 ``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too (unless
 they are the final weights, best at the last step: their test numbers are then the final ones, and the test
 split is evaluated once).
@@ -119,6 +121,7 @@ class Trainer:
 
         self.step, self.epoch, self.position = 0, 0, 0
         self.best: dict[str, Any] = {"metric": task.metric_for_selection, "value": None, "step": None}
+        self.stale_evals = 0  # evaluations since the last improvement of best (early stopping)
         self.finished = False
         self.resumed_from: int | None = None
         self.resumed_elapsed = 0.0  # seconds of training up to the checkpoint resumed from
@@ -143,7 +146,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "rng": rng if rng is not None else [get_rng_state()],
             "step": self.step, "epoch": self.epoch, "position": self.position,
-            "best": dict(self.best), "finished": self.finished,
+            "best": dict(self.best), "stale_evals": self.stale_evals, "finished": self.finished,
             "elapsed_s": self.elapsed(),
             "config": self.config.to_dict(), "extra": self.extra,
         }
@@ -168,6 +171,7 @@ class Trainer:
         set_rng_state(rngs[self.info.rank % len(rngs)])
         self.step, self.epoch, self.position = ck["step"], ck["epoch"], ck["position"]
         self.best, self.finished = dict(ck["best"]), bool(ck.get("finished", False))
+        self.stale_evals = int(ck.get("stale_evals", 0))
         self.resumed_from = self.step
         self.resumed_elapsed = float(ck.get("elapsed_s", 0.0))  # checkpoints from before it: not known
         self.metrics.truncate(self.step)  # what a run killed after this checkpoint logged is done again
@@ -216,16 +220,24 @@ class Trainer:
                                f"which lacks metric_for_selection {key!r}")
             v, old = m[key], self.best["value"]
             better = old is None or (v > old if self.task.higher_is_better else v < old)
+            self.stale_evals = 0 if better else self.stale_evals + 1
             if better:
                 self.best = {"metric": key, "value": v, "step": self.step}
                 save_checkpoint(self.run_dir / "best.pt", self.state())  # rank 0's RNG only
+        # every rank must stop at the same step: rank 0's count is the one that decides
+        self.stale_evals = int(D.all_gather_object(self.stale_evals)[0])
         D.barrier()
 
     # -- training ---------------------------------------------------------------------------------
     def _done(self) -> bool:
         c = self.config
         return (c.max_steps is not None and self.step >= c.max_steps) or (
-            c.max_epochs is not None and self.epoch >= c.max_epochs)
+            c.max_epochs is not None and self.epoch >= c.max_epochs) or self.stopped_early
+
+    @property
+    def stopped_early(self) -> bool:
+        """True once ``patience`` evaluations in a row have not improved the validation metric."""
+        return self.config.patience is not None and self.stale_evals >= self.config.patience
 
     def _update(self, group: list[Any]) -> dict[str, float]:
         """One optimiser step over the micro-batches of ``group``; returns the rank-local logs."""
@@ -294,13 +306,14 @@ class Trainer:
         return bar, lines
 
     def fit(self) -> dict[str, Any]:
-        """Train until max_steps / max_epochs (or ``stop_after``); returns a summary dict with ``step``,
-        ``epoch``, ``best``, ``final`` ({split: metrics}), ``best_test`` and ``interrupted``."""
+        """Train until max_steps / max_epochs / early stopping (or ``stop_after``); returns a summary dict with
+        ``step``, ``epoch``, ``best``, ``final`` ({split: metrics}), ``best_test``, ``interrupted`` and
+        ``stopped_early``."""
         c = self.config
         self._t0 = self._saved_at = time.time()
         summary: dict[str, Any] = {"final": {}, "best_test": None, "interrupted": False}
         if self.finished and self._done():
-            return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
+            return self._summary(summary)
         stop_after = c.stop_after if c.stop_after is not None else (
             int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
         self.metrics.open()
@@ -350,7 +363,7 @@ class Trainer:
                         self.save()
                     if stop_after is not None and self.step >= stop_after:
                         summary["interrupted"] = True
-                        return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
+                        return self._summary(summary)
                 else:  # the inner loop ended because training is done, not because the epoch ran out
                     break
                 self.epoch, self.position = self.epoch + 1, 0
@@ -358,7 +371,11 @@ class Trainer:
         finally:
             bar.close()
             self.metrics.close()
-        return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best}
+        return self._summary(summary)
+
+    def _summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best,
+                "stopped_early": self.stopped_early}
 
     def _finish(self) -> dict[str, Any]:
         """Final "valid"/"test" evaluation, last.pt, and the best checkpoint's test score."""
