@@ -23,7 +23,7 @@ __all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "CSV_FIEL
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
               "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error", "machine",
-              "config", "same_config_as", "command"]
+              "config", "same_config_as", "command", "revision"]
 
 
 def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:

@@ -12,6 +12,7 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
      a resume started from, kept in it as ``elapsed_s``, plus the resuming invocation's),
      "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`),
      "command": the command line of the invocation that finished the cell ("" from the Python API),
+     "revision": the git revision of the code that ran it (:func:`.revision.code_revision`),
      "config": the cell's configuration key (:attr:`.core.Cell.key`)}
 
 A finished cell whose record names another configuration than the grid's -- a config corrected after the cell
@@ -57,6 +58,7 @@ from kernel_attention.atomic_write import write_text
 from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
+from kernel_attention.study.revision import code_revision
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
 from kernel_attention.training.run_log import read_metrics
 from kernel_attention.training.progress_line import format_duration
@@ -111,6 +113,7 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
     rec["wall_s"] = round(before + time.time() - t0, 1)
     rec["machine"] = numerics()
     rec["command"] = command
+    rec["revision"] = code_revision()
     rows = read_metrics(run_dir)
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
