@@ -1,34 +1,239 @@
-"""docs/results.md is traceable to its CSVs: every table row that a CSV in docs/figures/csv/ renders
-(with the study's own table code) appears verbatim in docs/results.md, and a CSV round trip through
-write_csv / read_csv renders the same tables."""
+"""docs/results.md is generated from the result sets' runs.csv and prose (``kernel-attention study report``):
+the committed page is the generated one, any change to a CSV changes it, ``--check`` catches an edited page,
+and the paired differences and marks it shows are those computed by hand on tiny inputs."""
 
+import csv
+import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from kernel_attention.study import get_study
-from kernel_attention.study.report import read_csv, render_tables, write_csv
+from kernel_attention.cli import main
+from kernel_attention.study import get_study, study_names
+from kernel_attention.study.findings import COMPARISONS, FINDINGS, Comparison, paper_direction
+from kernel_attention.study.placeholders import PlaceholderError, fill
+from kernel_attention.study.report import CSV_FIELDS, read_csv, render_tables, write_csv
+from kernel_attention.study.results_page import render_page, write_page
+from kernel_attention.study.resultset import load_manifest
+from kernel_attention.study.revision import code_revision
+from kernel_attention.study.significance import mark, paired_difference
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-CSVS = sorted((DOCS / "figures" / "csv").glob("*.csv"))
+RESULTS = DOCS / "results"
+CSVS = sorted(RESULTS.glob("*/runs.csv"))
 
 
-def _rows(markdown: str) -> list[str]:
-    """The data rows of the rendered tables that hold at least one run (last column: runs per cell)."""
-    return [line for line in markdown.splitlines() if line.startswith("| ") and not line.startswith("| row |")
-            and any(n != "0" for n in line.rstrip(" |").rsplit("| ", 1)[-1].split("/"))]
+@pytest.fixture(scope="module")
+def page() -> str:
+    return render_page(RESULTS)
 
 
-@pytest.mark.parametrize("path", CSVS, ids=[p.stem for p in CSVS])
-def test_results_doc_tables_are_rendered_from_the_csvs(path):
+def test_the_committed_page_is_the_generated_one(tmp_path, page):
+    written = write_page(RESULTS, tmp_path / "results.md")
+    assert written.read_bytes() == (DOCS / "results.md").read_bytes(), \
+        "docs/results.md is not the generated page: run `kernel-attention study report`"
+    assert page == written.read_text()
+
+
+def _copy_results(tmp_path: Path) -> Path:
+    """docs/results without the figures' bytes (the page names the PNG files, it does not read them)."""
+    dst = tmp_path / "results"
+    shutil.copytree(RESULTS, dst, ignore=shutil.ignore_patterns("*.png"))
+    for png in RESULTS.glob("*/*.png"):
+        (dst / png.parent.name / png.name).touch()
+    return dst
+
+
+def _edit_rows(path: Path, edit) -> None:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows = edit(rows)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _one_number(rows):
+    rows[0]["test"] = str(float(rows[0]["test"]) * 0.9)
+    return rows
+
+
+def _add_row(rows):
+    return rows + [{**rows[0], "seed": "6", "cell": rows[0]["cell"].replace("__s1", "__s6")}]
+
+
+@pytest.mark.parametrize("edit", [_one_number, _add_row, lambda rows: rows[1:]],
+                         ids=["one number", "a row added", "a row removed"])
+def test_a_changed_csv_changes_the_page(tmp_path, page, edit):
+    """The equality test above would fail on a CSV edited but not regenerated (the page's copy being the
+    committed one, the numbers of a set's rows all reach it)."""
+    root = _copy_results(tmp_path)
+    assert render_page(root) == page  # the copy alone changes nothing
+    _edit_rows(root / "dissection-positions" / "runs.csv", edit)
+    assert render_page(root) != page
+
+
+def test_check_fails_on_an_edited_page_and_passes_on_the_committed_one(tmp_path, capsys):
+    copy = tmp_path / "results.md"
+    copy.write_text((DOCS / "results.md").read_text())
+    args = ["study", "report", "--check", "--results", str(RESULTS), "--page", str(copy)]
+    assert main(args) == 0
+    text = copy.read_text()
+    number = re.search(r"\| (\d+\.\d\d) \|", text)  # the first shown value of a table
+    copy.write_text(text[:number.start(1)] + "99.99" + text[number.end(1):])
+    capsys.readouterr()
+    assert main(args) == 1
+    diff = capsys.readouterr().out
+    assert diff.startswith("---") and "-" + text.splitlines()[text[:number.start()].count("\n")].replace(
+        number.group(1), "99.99", 1) in diff.splitlines()
+
+
+def test_report_writes_the_page(tmp_path):
+    assert main(["study", "report", "--results", str(RESULTS), "--page", str(tmp_path / "p.md")]) == 0
+    assert (tmp_path / "p.md").read_text() == (DOCS / "results.md").read_text()
+
+
+def test_report_is_no_study_name():
+    assert "report" not in study_names()
+
+
+# ---- paired differences and marks, by hand -----------------------------------------------------------------
+
+def _p_two_dof(t: float) -> float:
+    """The two-sided p of Student's t with 2 degrees of freedom, in closed form: 1 - |t| / sqrt(t^2 + 2)."""
+    return 1.0 - abs(t) / math.sqrt(t * t + 2.0)
+
+
+def test_holds():
+    # d = 2, 3, 2: mean 7/3, std sqrt(1/3), t = 7; seed 4 has no pair and is left out
+    p = paired_difference({1: 10.0, 2: 12.0, 3: 11.0, 4: 50.0}, {1: 8.0, 2: 9.0, 3: 9.0}, higher_is_better=True)
+    assert p.n == 3 and p.mean == pytest.approx(7 / 3) and p.std == pytest.approx(math.sqrt(1 / 3))
+    assert p.p == pytest.approx(_p_two_dof(7.0)) and p.p < 0.05
+    assert mark(p, +1) == "holds"
+    assert p.text(2) == "+2.33 ± 0.58 (n = 3, p = 0.02)"
+
+
+def test_reversed_with_lower_is_better():
+    # perplexities 10, 11, 10 above the baseline's: d = -10, -11, -10 (oriented), t = -31
+    p = paired_difference({1: 110.0, 2: 113.0, 3: 111.0}, {1: 100.0, 2: 102.0, 3: 101.0}, higher_is_better=False)
+    assert p.mean == pytest.approx(-31 / 3) and p.p == pytest.approx(_p_two_dof(31.0))
+    assert mark(p, +1) == "reversed" and mark(p, -1) == "holds" and mark(p, 0) == "differs"
+
+
+def test_within_noise():
+    # d = 1, -1, 2: mean 2/3, std sqrt(7/3), t = (2/3) / sqrt(7/9)
+    p = paired_difference({1: 1.0, 2: -1.0, 3: 2.0}, {1: 0.0, 2: 0.0, 3: 0.0}, higher_is_better=True)
+    t = (2 / 3) / math.sqrt(7 / 9)
+    assert p.std == pytest.approx(math.sqrt(7 / 3)) and p.p == pytest.approx(_p_two_dof(t))
+    assert mark(p, +1) == "within noise" and mark(p, -1) == "within noise"
+
+
+def test_one_seed_has_no_test():
+    p = paired_difference({0: 77.0}, {0: 75.0}, higher_is_better=True)
+    assert (p.n, p.mean, p.std, p.p) == (1, 2.0, None, None)
+    assert mark(p, +1) == "one seed, no test" and p.text(2) == "+2.00 (n = 1)"
+    none = paired_difference({0: 1.0}, {1: 1.0}, True)
+    assert none.n == 0 and mark(none, +1) == "not run" and none.text(2) == ""
+
+
+def test_identical_models_are_within_noise():
+    p = paired_difference({1: 3.0, 2: 4.0}, {1: 3.0, 2: 4.0}, True)
+    assert p.std == 0.0 and p.p == 1.0 and mark(p, +1) == "within noise"
+
+
+def test_paper_direction_reads_the_papers_numbers():
+    t2 = get_study("dissection-kernels").table("t2-sp")
+    assert paper_direction(t2, Comparison("dissection-kernels", "t2-sp", "sp-asym", "poly", "exp", "")) == -1
+    assert paper_direction(t2, Comparison("dissection-kernels", "t2-sp", "sp-asym", "linear", "exp", "")) == -1
+    assert paper_direction(t2, Comparison("dissection-kernels", "t2-sp", "sp-sym", "exp", "exp", "",
+                                          "sp-asym")) == +1  # 24.01 < 24.10 ppl
+    t3 = get_study("ika-regression").table("t4")
+    assert paper_direction(t3, Comparison("ika-regression", "t4", "co2", "gp_sm", "transformer", "")) == 0
+
+
+def test_every_comparison_names_a_finding_and_cells_of_its_table():
+    ids = {f.id for f in FINDINGS}
+    for c in COMPARISONS:
+        t = get_study(c.study).table(c.table)
+        assert c.finding in ids
+        assert {c.row, c.baseline} <= set(dict(t.rows)) and {c.col, c.base_col} <= set(dict(t.cols))
+        assert paper_direction(t, c) is not None, c
+    assert ids == {c.finding for c in COMPARISONS}
+
+
+# ---- placeholders, sets, converged scale -------------------------------------------------------------------
+
+def test_placeholders_fill_from_the_csv_and_refuse_unknown_ones():
+    man = load_manifest(RESULTS)
+    text = fill("{{ dissection-positions / t1-sp / vaswani / sp }} {{ seeds dissection-positions }}", man)
+    study = get_study("dissection-positions")
+    runs = [r for r in read_csv(RESULTS / "dissection-positions" / "runs.csv") if r["table"] == "t1-sp"
+            and r["row"] == "vaswani"]
+    assert text.split()[0] in render_tables(study, runs, [], "small") and text.split()[1] == "1-5"
+    for bad in ("{{ nonsense }}", "{{ dissection-positions / t1-sp / nobody / sp }}", "{{ wall no-such-set }}",
+                "{{ diff dissection-positions / t1-sp / xl / sp }}"):
+        with pytest.raises(PlaceholderError):
+            fill(bad, man)
+
+
+def _tiny_set(root: Path, name: str, scale: str, seeds: int, better: float) -> None:
+    """A TD Table 1 set: Vaswani and Shaw on SP, ``seeds`` seeds, Shaw ``better`` ppl under Vaswani (+ noise)."""
+    study = get_study("dissection-positions")
+    rows = []
+    for s in range(1, seeds + 1):
+        for row, ppl in (("vaswani", 100.0 + s), ("shaw", 100.0 + s - better + 0.1 * (s % 2))):
+            rows.append({"scale": scale, "table": "t1-sp", "row": row, "col": "sp", "seed": s, "status": "ok",
+                         "metric": "ppl", "valid": ppl, "test": ppl, "wall_s": 60.0,
+                         "cell": f"t1-sp__{row}__sp__s{s}", "command": f"kernel-attention study {study.name} "
+                         f"--scale {scale} --seeds {seeds}", "revision": "abc1234"})
+    (root / name).mkdir(parents=True)
+    write_csv(root / name / "runs.csv", study, rows)
+    (root / name / "prose.md").write_text(f"Wall {{{{ wall {name} }}}}.\n")
+
+
+def test_the_checklist_prefers_a_converged_set(tmp_path):
+    root = tmp_path / "results"
+    _tiny_set(root, "positions-small", "small", 1, better=5.0)            # one seed: no test
+    _tiny_set(root, "positions-converged", "converged", 3, better=-5.0)   # Shaw worse: reversed
+    (root / "intro.md").write_text("Intro.\n")
+    (root / "sections.yaml").write_text(
+        "intro: intro.md\nsections:\n"
+        "  - {set: positions-small, title: small, prose: positions-small/prose.md}\n"
+        "  - {set: positions-converged, title: converged, prose: positions-converged/prose.md}\n")
+    text = render_page(root)
+    line = next(x for x in text.splitlines() if x.startswith("| Positions in a product kernel"))
+    assert "`positions-converged` (converged)" in line and "| 0 | 1 | 0 |" in line  # holds, reversed, noise
+    assert "one seed, no test" in text and "Wall 2.0 min." in text  # the small set's own section
+    # without the converged set the checklist takes the small one
+    (root / "sections.yaml").write_text(
+        "intro: intro.md\nsections:\n  - {set: positions-small, title: small, prose: positions-small/prose.md}\n")
+    line = next(x for x in render_page(root).splitlines() if x.startswith("| Positions in a product kernel"))
+    assert "`positions-small` (small)" in line and "1 one seed, no test" in line
+
+
+def test_an_unknown_placeholder_in_prose_is_an_error(tmp_path):
+    root = _copy_results(tmp_path)
+    (root / "ika-graphs" / "prose.md").write_text("{{ ika-graphs / t5 / gat / pubmedd }}\n")
+    with pytest.raises(PlaceholderError, match="pubmedd"):
+        render_page(root)
+
+
+# ---- the CSVs -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", CSVS, ids=[p.parent.name for p in CSVS])
+def test_every_row_names_its_command_and_revision(path):
     records = read_csv(path)
-    study = get_study(records[0]["study"])
-    rows = _rows(render_tables(study, records, [], records[0]["scale"]))
-    assert rows, f"{path.name} renders no row with runs"
-    doc = (DOCS / "results.md").read_text()
-    missing = [r for r in rows if r not in doc]
-    assert not missing, f"docs/results.md lacks these rows of {path.name} (re-render with --collect-only):\n" + \
-        "\n".join(missing)
+    assert all(r.get("command", "").startswith(f"kernel-attention study {r['study']} ") for r in records)
+    assert all(re.fullmatch(r"[0-9a-f]{7,}(\+dirty)?", r.get("revision", "")) for r in records)
+
+
+def test_code_revision_names_the_checkout():
+    rev = code_revision()
+    assert rev == "" or re.fullmatch(r"[0-9a-f]{7,}(\+dirty)?", rev)
+    assert "revision" in CSV_FIELDS
 
 
 def test_csv_round_trip_renders_the_same_tables(tmp_path):

@@ -18,6 +18,13 @@ published ones, say).  Cells whose configurations are equal train once.  A resul
 it ran with: one of another configuration (a config corrected since) is left out and not imported, and
 ``--rerun-stale`` runs such cells again (their old folders moved aside).
 Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
+
+``kernel-attention study report`` (``report`` in place of NAME; no study has that name) writes the results
+page, docs/results.md, from the result sets under docs/results/ (their runs.csv, figures and prose, listed in
+docs/results/sections.yaml): the tables, each comparison the papers draw with its paired difference over seeds
+and its mark (holds / reversed / within noise), and the findings checklist built from those marks.
+``report --check`` writes nothing and exits 1, with a unified diff, when the page on disk is not the one the
+CSVs and prose give.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import sys
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("study", help="run a paper table's grid and write our numbers beside the paper's",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", nargs="?", help="study name (omit with --list)")
+    p.add_argument("name", nargs="?", help="study name (omit with --list), or `report` (the results page)")
     p.add_argument("--scale", choices=("small", "converged", "paper"), default="small")
     p.add_argument("--seeds", type=int, default=None, help="runs per cell (default: the study's for the scale)")
     p.add_argument("--data", default=None, help="data root (default: $KERNEL_ATTENTION_DATA or ../shared/data)")
@@ -58,7 +65,42 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="run nothing; without NAME list the studies, with NAME list its cells (--scale, --seeds, "
                    "--only) and where each stands in --out: finished, stale, running, started (resumes from "
                    "last.pt?) or to run")
+    p.add_argument("--check", action="store_true",
+                   help="report: write nothing; exit 1 with a diff when the page is not the generated one")
+    p.add_argument("--results", default="docs/results", metavar="DIR",
+                   help="report: the folder of result sets and sections.yaml (default: docs/results)")
+    p.add_argument("--page", default=None, metavar="MD",
+                   help="report: the page to write or check (default: DIR.md beside DIR, docs/results.md)")
     return p
+
+
+REPORT = "report"  # `study report`: the results page, not a study (a study of that name is refused)
+
+
+def report(args) -> int:
+    """``kernel-attention study report [--check]``: write (or compare) the results page."""
+    from pathlib import Path
+
+    from kernel_attention.study.results_page import check_page, write_page
+
+    results = Path(args.results)
+    page = Path(args.page) if args.page else results.with_name(results.name + ".md")
+    try:
+        if args.check:
+            diff = check_page(results, page)
+            if diff:
+                sys.stdout.write(diff)
+                print(f"kernel-attention study report: {page} is out of date; `kernel-attention study report` "
+                      "writes it", file=sys.stderr)
+                return 1
+            print(f"{page} is the page the CSVs and prose of {results} give")
+            return 0
+        write_page(results, page)
+    except (OSError, KeyError, ValueError) as e:  # a missing CSV or prose file, an unknown placeholder or set
+        print(f"kernel-attention study report: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {page}")
+    return 0
 
 
 def run(args) -> int:
@@ -66,6 +108,10 @@ def run(args) -> int:
 
     from kernel_attention.study import StudyOptions, execute, get_study, study_names
 
+    if args.name == REPORT:
+        if REPORT in study_names():
+            raise RuntimeError(f"a study is named {REPORT!r}, the results page's subcommand")
+        return report(args)
     if not args.name:
         for n in study_names():
             print(f"{n:22s} {get_study(n).title}")

@@ -1,0 +1,80 @@
+"""Placeholders in the results page's prose: every number a section's text names comes from a runs.csv.
+
+    {{ SET / TABLE / ROW / COL }}                        the cell's shown value (as its table shows it)
+    {{ diff SET / TABLE / ROW / COL / BROW / BCOL }}     the paired difference of the cell against the cell
+                                                         (BROW, BCOL), positive = better (:mod:`.significance`)
+    {{ wall SET }}                                       the summed wall time of the set's cells, in minutes
+    {{ cells SET }}                                      the number of runs.csv rows of the set
+    {{ seeds SET }}                                      the seeds (folds, splits) the set ran, e.g. "1-5"
+
+Ids are those of runs.csv (``t1-sp``, ``vaswani``, ``sp``).  A placeholder of another form, or one naming a
+set, table, row or column there is not, is an error (:class:`PlaceholderError`), so a typo cannot pass as
+text.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kernel_attention.study.resultset import Manifest
+
+__all__ = ["fill", "PlaceholderError", "PLACEHOLDER"]
+
+PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.S)
+
+
+class PlaceholderError(ValueError):
+    pass
+
+
+def _seeds(seeds: list[int]) -> str:
+    """"1-5", or "0, 2, 5" where they are not consecutive."""
+    s = sorted(set(seeds))
+    return f"{s[0]}-{s[-1]}" if s == list(range(s[0], s[-1] + 1)) and len(s) > 1 else ", ".join(map(str, s))
+
+
+def _value(manifest: Manifest, expr: str) -> str:
+    words = expr.split(None, 1)
+    kind, rest = (words[0], words[1] if len(words) > 1 else "") if words and words[0] in (
+        "diff", "wall", "cells", "seeds") else ("cell", expr)
+    parts = [p.strip() for p in rest.split("/")]
+    try:
+        s = manifest.get(parts[0])
+        if kind == "wall" and len(parts) == 1:
+            return f"{sum(float(r.get('wall_s') or 0) for r in s.records) / 60:.1f} min"
+        if kind == "cells" and len(parts) == 1:
+            return str(len(s.records))
+        if kind == "seeds" and len(parts) == 1:
+            return _seeds([int(r["seed"]) for r in s.records])
+        if kind == "cell" and len(parts) == 4:
+            _known(s, *parts[1:])
+            return s.cell_text(*parts[1:])
+        if kind == "diff" and len(parts) == 6:
+            _known(s, *parts[1:4])
+            _known(s, parts[1], *parts[4:])
+            p = s.paired(*parts[1:])
+            return p.text(s.study.table(parts[1]).digits) or "not run"
+    except KeyError as e:
+        raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
+    raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
+                           f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., wall SET, "
+                           f"cells SET, seeds SET)")
+
+
+def _known(s, table: str, row: str, col: str) -> None:
+    t = s.study.table(table)  # KeyError for an unknown table
+    if row not in dict(t.rows):
+        raise KeyError(f"table {table} of {s.study.name} has no row {row!r}")
+    if col not in dict(t.cols):
+        raise KeyError(f"table {table} of {s.study.name} has no column {col!r}")
+
+
+def fill(text: str, manifest: Manifest, where: str = "") -> str:
+    """``text`` with every placeholder replaced by its value; :class:`PlaceholderError` names ``where``
+    (the prose file) and the placeholder for one that is unknown."""
+    def sub(m: re.Match) -> str:
+        try:
+            return _value(manifest, " ".join(m.group(1).split()))
+        except PlaceholderError as e:
+            raise PlaceholderError(f"{where}: {e}" if where else str(e)) from None
+    return PLACEHOLDER.sub(sub, text)

@@ -1,0 +1,168 @@
+"""docs/results.md, generated: ``kernel-attention study report`` writes it from the result sets' runs.csv and
+one prose file per section (:mod:`.resultset` for the manifest, :mod:`.placeholders` for the numbers in
+prose).  ``--check`` renders it and compares it with the page on disk.
+
+    page    = title + intro prose + findings checklist + one section per set (manifest order) + outro prose
+    section = heading, its prose (placeholders filled), what :func:`.report.render_tables` renders from the
+              CSV (commands, wall time per machine, what the scale changes, the tables), the revisions of
+              the code that ran the cells, the marks of the study's comparisons on this set, the figures
+    checklist = per finding (:data:`.findings.FINDINGS`): its comparisons marked on the set of its study that
+              :meth:`.resultset.Manifest.checklist_set` picks (converged scale first, else small)
+
+Figures are linked as ``<results folder name>/<set>/<file>.png``: the page sits beside its results folder
+(docs/results.md, docs/results/), wherever the two are written.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from kernel_attention.atomic_write import write_text
+from kernel_attention.study.findings import COMPARISONS, FINDINGS, Comparison
+from kernel_attention.study.placeholders import fill
+from kernel_attention.study.report import render_tables
+from kernel_attention.study.resultset import Manifest, Marked, ResultSet, load_manifest
+from kernel_attention.study.significance import ALPHA, MARKS
+
+__all__ = ["render_page", "write_page", "check_page"]
+
+TITLE = "# Results: our numbers beside the papers'"
+_UNKNOWN_MACHINE = "a machine not recorded (unknown)"
+
+
+def _label(m: Marked) -> str:
+    """"Shaw vs Vaswani" (rows) or "RBF: NMT sym vs NMT asym" (columns of one row)."""
+    rows, cols, c = dict(m.table.rows), dict(m.table.cols), m.comparison
+    if c.base_col != c.col:
+        return f"{rows[c.row]}: {cols[c.col]} vs {cols[c.base_col]}"
+    return f"{rows[c.row]} vs {rows[c.baseline]}, {cols[c.col]}"
+
+
+def _pair_text(s: ResultSet, c: Comparison, table) -> tuple[str, str]:
+    """(paper, ours): each the cell's value "vs" its baseline's, as the tables show them."""
+    paper = f"{table.paper.get((c.row, c.col), '-')} vs {table.paper.get((c.baseline, c.base_col), '-')}"
+    ours = f"{s.cell_text(c.table, c.row, c.col)} vs {s.cell_text(c.table, c.baseline, c.base_col)}"
+    return paper, ours
+
+
+def _marks_table(s: ResultSet, marked: list[Marked]) -> list[str]:
+    lines = ["| comparison | paper | ours | paired difference (ours) | mark |", "|---|---|---|---|---|"]
+    for m in marked:
+        paper, ours = _pair_text(s, m.comparison, m.table)
+        lines.append(f"| {_label(m)} | {paper} | {ours} | {m.paired.text(m.table.digits) or '-'} | **{m.mark}** |")
+    return lines
+
+
+def _counts(marked: list[Marked]) -> dict[str, int]:
+    return {k: sum(m.mark == k for m in marked) for k in MARKS}
+
+
+def _checklist(man: Manifest) -> list[str]:
+    """The findings checklist: a summary table, then each finding's comparisons with their marks."""
+    out = ["## Findings checklist", "",
+           "Each claim of the papers, tested by the comparisons of table cells it rests on (section \"How the "
+           "marks are made\" below).  A study's marks come from its converged-scale set where there is one, "
+           "else from its small-scale set; the column \"marks from\" names the set and scale.", "",
+           "| finding | paper | marks from | holds | reversed | within noise | other |", "|---|---|---|---|---|---|---|"]
+    details = []
+    for f in FINDINGS:
+        studies = {c.study for c in _comparisons_of(f.id)}
+        rows: list[tuple[ResultSet, Marked]] = []
+        for study in sorted(studies):
+            s = man.checklist_set(study)
+            if s is not None:
+                rows += [(s, m) for m in s.marked if m.comparison.finding == f.id]
+        src = ", ".join(sorted({f"`{s.name}` ({s.scale})" for s, _ in rows})) or "no set"
+        n = _counts([m for _, m in rows])
+        other = ", ".join(f"{v} {k}" for k, v in n.items() if v and k not in ("holds", "reversed", "within noise"))
+        claim = f.claim + (" (a claim of equality: \"within noise\" agrees with it)" if f.level else "")
+        out.append(f"| {claim} | {f.source} | {src} | {n['holds']} | {n['reversed']} | {n['within noise']} | "
+                   f"{other or '-'} |")
+        if rows:
+            details += ["", f"**{f.source}: {f.claim}** (from {src})", ""]
+            lines = _marks_table(rows[0][0], [m for _, m in rows])
+            details += lines
+    out += ["", "### The comparisons behind each finding"] + details
+    return out
+
+
+def _comparisons_of(finding: str) -> list[Comparison]:
+    return [c for c in COMPARISONS if c.finding == finding]
+
+
+def _method() -> list[str]:
+    return ["## How the marks are made", "",
+            "Each comparison sets one table cell against a baseline cell of the same table (a row against the "
+            "table's baseline row, or one row's column against another) on the runs both have, paired by seed "
+            "(TD: the seed; IKA: the fold, split or seed).  Per pair d = ours(cell) - ours(baseline), its sign "
+            "flipped for perplexity and RMSE, so that d > 0 means the cell is better; the page gives the mean ± "
+            "std of d over the n pairs.  The test is a paired t-test, two-sided at "
+            f"{ALPHA:.0%} (`kernel_attention.study.significance`): **holds** where d differs from 0 in the "
+            "direction of the paper's own numbers, **reversed** where it differs against it, **within noise** "
+            "where it does not differ, **differs** where the paper's two numbers are equal but ours differ; "
+            "one pair gives \"one seed, no test\".  The TD tables show the test score of the best-validation seed "
+            "(the paper's protocol), the IKA tables the mean ± std; the paired differences use every seed's "
+            "test score in both."]
+
+
+def _demote(text: str) -> list[str]:
+    """render_tables' markdown under a section: its headings two levels down, its title line dropped."""
+    lines = text.rstrip("\n").splitlines()
+    return ["#" * 2 + line if line.startswith("#") else line for line in lines[1:]]
+
+
+def _revisions(s: ResultSet) -> list[str]:
+    counts: dict[str, int] = {}
+    for r in s.records:
+        k = r.get("revision") or "unknown"
+        counts[k] = counts.get(k, 0) + 1
+    listed = ", ".join(f"`{k}` ({n})" for k, n in sorted(counts.items()))
+    return ["", "Code revisions (cells per revision; for rows run before the revision was recorded, the commit "
+            f"that added the row's result): {listed}."]
+
+
+def _section(man: Manifest, s: ResultSet) -> list[str]:
+    records = s.records
+    machines = {r.get("machine") or "" for r in records}
+    machine = next(iter(machines)) if len(machines) == 1 else ""
+    tables = render_tables(s.study, records, s.shrink(), s.scale, wall_s=sum(float(r.get("wall_s") or 0)
+                                                                             for r in records),
+                           machine=machine or _UNKNOWN_MACHINE, earlier={"machine": _UNKNOWN_MACHINE})
+    out = ["", f"## {s.title}: `{s.name}`", "", fill(s.prose.read_text(), man, str(s.prose)).strip()]
+    out += _demote(tables)
+    out += _revisions(s)
+    run = [m for m in s.marked if m.paired.n]  # a comparison of cells the set did not run has no line here
+    if run:
+        out += ["", f"#### Paired differences and marks, `{s.name}` ({s.scale} scale)", ""] + _marks_table(s, run)
+    for png in s.figures():
+        out += ["", f"![{s.name}/{png.name}]({man.root.name}/{s.name}/{png.name})"]
+    return out
+
+
+def render_page(results: str | Path) -> str:
+    """The markdown of the results page from the folder ``results`` (its sections.yaml, module docstring)."""
+    man = load_manifest(results)
+    out = [TITLE, "", fill(man.intro.read_text(), man, str(man.intro)).strip(), ""]
+    out += _checklist(man) + [""] + _method()
+    for s in man.sets:
+        out += _section(man, s)
+    if man.outro is not None:
+        out += ["", fill(man.outro.read_text(), man, str(man.outro)).strip()]
+    return "\n".join(out) + "\n"
+
+
+def write_page(results: str | Path, page: str | Path) -> Path:
+    return write_text(page, render_page(results))
+
+
+def check_page(results: str | Path, page: str | Path) -> str:
+    """"" when ``page`` is the page :func:`render_page` renders, else the unified diff from it to the rendered
+    page."""
+    page = Path(page)
+    have = page.read_text() if page.is_file() else ""
+    want = render_page(results)
+    if have == want:
+        return ""
+    return "".join(difflib.unified_diff(have.splitlines(True), want.splitlines(True), f"{page} (on disk)",
+                                        f"{page} (generated)"))
