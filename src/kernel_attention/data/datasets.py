@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from kernel_attention.registry import Param, Registry, SpecError
 
-from . import classification, parallel, planetoid, tables, uci, wikitext
+from . import classification, graph_files, parallel, planetoid, tables, uci, wikitext
 from ._checksums import SHA256
 from .download import DownloadError, download_file
 from .files import MissingDataError, default_root, sha256_file
@@ -204,6 +204,28 @@ for _name in ("cora", "citeseer", "pubmed"):
                      planetoid.load_planetoid(root, _n, normalize_features, self_loops),
                      note="the staged copy lacks ind.pubmed.allx (see planetoid/pubmed_incomplete)" if _name == "pubmed" else ""),
          [Param("normalize_features", bool, True), Param("self_loops", bool, False)])
+
+_add_by_path(DatasetSpec("graph", "graph", (), "your graph for node classification: graph:path=DIR with edges.csv "
+                         "(two node ids per row) and features.csv (one row per node; id=NAME|INDEX its node-id "
+                         "column), labels in column label=NAME|INDEX of labels.csv or features.csv; splits from "
+                         "train/valid/test.txt, a split= column, or cut by valid=/test= fractions",
+                         graph_files.load_graph_folder, by_path=True),
+             [Param("edges", str, None, "edge-list file in the folder (default edges.csv/.tsv/.txt)", optional=True),
+              Param("features", str, None, "feature table in the folder (default features.csv/.tsv/.txt)",
+                    optional=True),
+              Param("labels", str, None, "labels file in the folder (default labels.csv/.tsv/.txt if present, "
+                                         "else the features table holds the labels)", optional=True),
+              Param("id", str, None, "node-id column (name or index); default: node i is row i", optional=True),
+              Param("label", str, "label", "the label column: header name or 0-based index (-1: the last)"),
+              Param("split", str, None, "a column of train/valid/test per node", optional=True),
+              Param("ignore", str, None, "feature-table columns left out, joined by + (name+year)", optional=True),
+              Param("header", str, "auto", "auto: a header row when a column is named", choices=("auto", "true", "false")),
+              Param("valid", float, 0.1, "fraction of the labelled nodes for valid (without split files)"),
+              Param("test", float, 0.1, "fraction of the labelled nodes for test (without split files)"),
+              Param("seed", int, 0, "shuffle of the labelled nodes"),
+              Param("normalize_features", bool, False, "divide each feature row by its sum"),
+              Param("self_loops", bool, False),
+              Param("encoding", str, "utf-8", choices=("utf-8", "latin-1"))])
 
 # -- regression ----------------------------------------------------------------------------------------
 for _name, _folder in uci.UCI_FOLDERS.items():

@@ -28,7 +28,8 @@ import torch
 
 from .files import DataFormatError, read_bytes, read_lines
 
-__all__ = ["GraphData", "load_planetoid", "RestrictedUnpickler", "restricted_loads", "UnsafePickleError"]
+__all__ = ["GraphData", "load_planetoid", "undirected_edges", "row_normalize", "RestrictedUnpickler", "restricted_loads",
+           "UnsafePickleError"]
 
 
 class UnsafePickleError(pickle.UnpicklingError):
@@ -104,7 +105,7 @@ def restricted_loads(data: bytes, source: str = "<bytes>"):
 class GraphData:
     """``x``: (N, F) float32 features; ``y``: (N,) long labels (argmax of the one-hot rows; 0 for the
     unlabelled padding rows, which no mask selects); ``edge_index``: (2, E) long, symmetric, no duplicates;
-    ``train_mask``/``val_mask``/``test_mask``: (N,) bool."""
+    ``train_mask``/``val_mask``/``test_mask``: (N,) bool; ``label_names``: the classes' names or None."""
 
     name: str
     x: torch.Tensor
@@ -114,6 +115,8 @@ class GraphData:
     val_mask: torch.Tensor
     test_mask: torch.Tensor
     num_classes: int
+    #: the class names of a graph read from the user's files (class i is ``label_names[i]``); None for Planetoid
+    label_names: list[str] | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -156,6 +159,23 @@ def _edges(graph, path: Path) -> tuple[list[int], list[int]]:
             raise DataFormatError(path, None, f"node {u!r}: expected integer node ids and a list of integer "
                                               f"neighbour ids, got {nbrs!r:.60}") from None
     return src, dst
+
+
+def undirected_edges(e: np.ndarray, n: int, self_loops: bool = False) -> np.ndarray:
+    """A (2, E) int64 edge list as the GCN/GAT preprocessing leaves it: both directions of every edge, the
+    graph's own self-loops removed, (i, i) for each of the ``n`` nodes added when ``self_loops``, duplicates
+    removed, sorted by (source, target)."""
+    e = np.concatenate([e, e[::-1]], axis=1)
+    e = e[:, e[0] != e[1]]
+    if self_loops:
+        e = np.concatenate([e, np.tile(np.arange(n), (2, 1))], axis=1)
+    return np.unique(e, axis=1)
+
+
+def row_normalize(features: np.ndarray) -> np.ndarray:
+    """Each row divided by its sum (GCN/GAT preprocessing of bag-of-words rows); all-zero rows stay zero."""
+    rowsum = features.sum(1, keepdims=True)
+    return np.divide(features, rowsum, out=np.zeros_like(features), where=rowsum != 0)
 
 
 def load_planetoid(root: str | Path, name: str, normalize_features: bool = True, self_loops: bool = False,
@@ -207,15 +227,9 @@ def load_planetoid(root: str | Path, name: str, normalize_features: bool = True,
     e = np.asarray([src, dst], dtype=np.int64)
     if e.size and (e.min() < 0 or e.max() >= n):
         raise DataFormatError(d / f"ind.{name}.graph", None, f"node id outside 0..{n - 1}")
-    e = np.concatenate([e, e[::-1]], axis=1)  # symmetrise
-    e = e[:, e[0] != e[1]]
-    if self_loops:
-        e = np.concatenate([e, np.tile(np.arange(n), (2, 1))], axis=1)
-    e = np.unique(e, axis=1)  # sorted by (row, col), duplicates removed
-
+    e = undirected_edges(e, n, self_loops)
     if normalize_features:
-        rowsum = features.sum(1, keepdims=True)
-        features = np.divide(features, rowsum, out=np.zeros_like(features), where=rowsum != 0)
+        features = row_normalize(features)
 
     n_train = y.shape[0]
     masks = [np.zeros(n, dtype=bool) for _ in range(3)]

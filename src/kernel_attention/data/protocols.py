@@ -24,6 +24,7 @@ __all__ = [
     "kfold_indices",
     "random_splits",
     "train_dev_split",
+    "cut_by_fractions",
     "seed_list",
     "Selection",
     "select_best",
@@ -112,6 +113,27 @@ def train_dev_split(split: Split, dev_fraction: float = 0.1, seed: int = 0) -> S
     n_dev = int(round(train.size * dev_fraction))
     return dataclasses.replace(split, train=np.sort(train[perm[n_dev:]]).tolist(),
                                dev=np.sort(train[perm[:n_dev]]).tolist())
+
+
+def cut_by_fractions(n: int, valid: float, test: float, seed: int, what: str = "rows",
+                     where: str | None = None) -> dict[str, list[int]]:
+    """The user's-own-data cut of one file: ``range(n)`` shuffled with ``seed`` (``torch.randperm``, so a cut
+    made before stays the same), the first ``valid`` fraction for valid (none when ``valid`` is 0, else at
+    least one), the next ``test`` fraction for test (at least one), the rest for train; each list sorted.
+    ``what`` and ``where`` (the file) name the items in the errors."""
+    import torch
+
+    from .files import DataFormatError
+
+    if not (0 <= valid < 1 and 0 < test < 1 and valid + test < 1):
+        raise ValueError(f"valid={valid} and test={test} must be fractions (test above 0) with a sum below 1")
+    if n < 3:
+        raise DataFormatError(where or "<data>", None, f"{n} {what} are too few to cut into train/valid/test")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_valid = max(1, round(valid * n)) if valid > 0 else 0
+    n_test = max(1, round(test * n))
+    cut = {"valid": order[:n_valid], "test": order[n_valid:n_valid + n_test], "train": order[n_valid + n_test:]}
+    return {s: sorted(idx) for s, idx in cut.items()}
 
 
 def seed_list(base: int, n: int) -> list[int]:

@@ -31,9 +31,10 @@ import torch
 
 from .classification import ClassificationData
 from .files import DataFormatError, MissingDataError, read_lines, resolve
+from .protocols import cut_by_fractions
 from .uci import RegressionData
 
-__all__ = ["load_table_classification", "load_table_regression", "read_table"]
+__all__ = ["load_table_classification", "load_table_regression", "read_table", "class_names"]
 
 _SPLITS = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
 
@@ -92,6 +93,14 @@ def _find(folder: Path, split: str, ext: str) -> Path | None:
     return None
 
 
+def class_names(labels) -> list[str]:
+    """The distinct label strings, sorted (as numbers when all are integers): class i is the i-th."""
+    names = sorted(set(labels))
+    if all(n.lstrip("-").isdigit() for n in names):
+        names.sort(key=int)
+    return names
+
+
 def load_table_classification(path: str | Path, sep: str, text: str = "text", label: str = "label",
                               header: str = "auto", valid: float = 0.1, test: float = 0.1, seed: int = 0,
                               tokenize: bool = False, encoding: str = "utf-8") -> ClassificationData:
@@ -112,22 +121,13 @@ def load_table_classification(path: str | Path, sep: str, text: str = "text", la
                                        f"test.{ext} (and valid.{ext}) or one {ext} file split by valid= and test=")
             parts[split] = _read_split(f, sep, text, label, header, encoding)
     elif p.is_file() or Path(str(p) + ".gz").is_file():
-        if not (0 <= valid < 1 and 0 < test < 1 and valid + test < 1):
-            raise ValueError(f"valid={valid} and test={test} must be fractions (test above 0) with a sum below 1")
         t, y = _read_split(resolve(p), sep, text, label, header, encoding)
-        if len(t) < 3:
-            raise DataFormatError(p, None, f"{len(t)} rows are too few to cut into train/valid/test")
-        order = torch.randperm(len(t), generator=torch.Generator().manual_seed(seed)).tolist()
-        n_valid = max(1, round(valid * len(order))) if valid > 0 else 0
-        n_test = max(1, round(test * len(order)))
-        cut = {"valid": order[:n_valid], "test": order[n_valid:n_valid + n_test], "train": order[n_valid + n_test:]}
-        parts = {s: ([t[i] for i in sorted(idx)], [y[i] for i in sorted(idx)]) for s, idx in cut.items() if idx}
+        cut = cut_by_fractions(len(t), valid, test, seed, "rows", str(p))
+        parts = {s: ([t[i] for i in idx], [y[i] for i in idx]) for s, idx in cut.items() if idx}
     else:
         raise MissingDataError(f"{ext} data {p} does not exist: give a folder with train.{ext}, valid.{ext}, "
                                f"test.{ext} or one {ext} file (split by the valid= and test= fractions)")
-    names = sorted({y for _, ys in parts.values() for y in ys})
-    if all(n.lstrip("-").isdigit() for n in names):
-        names.sort(key=int)
+    names = class_names(y for _, ys in parts.values() for y in ys)
     if len(names) < 2:
         raise DataFormatError(p, None, f"one label only ({names[0]!r}) in column label={label}: a classifier needs two")
     index = {n: i for i, n in enumerate(names)}

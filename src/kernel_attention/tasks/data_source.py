@@ -6,6 +6,7 @@
     data: {dataset: "text:path=my-corpus"}            # your own plain text (train.txt, valid.txt, test.txt)
     data: {dataset: "parallel:path=my-pairs,src=en,tgt=fr"}   # your own parallel text ({train,valid,test}.{en,fr})
     data: {dataset: "tsv:path=my-reviews,text=0,label=1"}     # your own labelled text ({train,valid,test}.tsv)
+    data: {dataset: "graph:path=my-graph,id=node"}   # your own graph (edges.csv, features.csv with a label column)
     data: {dataset: <LMCorpus | TranslationData | ...>}   # Python API / tests: an object is used as is
 
 ``dataset`` and ``root`` are the section's only keys (:data:`DATA_KEYS`); any other fails naming them,
@@ -31,7 +32,10 @@ DATA_KEYS = {"dataset": "a dataset name such as 'wikitext-2', or a mapping {name
                         "model, parallel:path=DIR,src=en,tgt=fr ({train,valid,test}.{en,fr}) for translation, "
                         "tsv:path=DIR,text=NAME|INDEX,label=NAME|INDEX ({train,valid,test}.tsv; csv:path=... for "
                         ".csv; or one file split by valid=/test=) for classification, csv:path=FILE,target=NAME|INDEX "
-                        "(the other columns are the features; ignore=a+b leaves some out) for regression",
+                        "(the other columns are the features; ignore=a+b leaves some out) for regression, "
+                        "graph:path=DIR,id=NAME|INDEX,label=NAME|INDEX (edges.csv: two node ids per row; "
+                        "features.csv: one row per node; splits from train/valid/test.txt or valid=/test=) for "
+                        "node classification",
              "root": "the data root the dataset's files are read from (default: $KERNEL_ATTENTION_DATA, "
                      "../shared/data, ~/.cache/kernel-attention)"}
 

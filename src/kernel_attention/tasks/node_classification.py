@@ -1,7 +1,7 @@
 r"""Planetoid node classification (Cora, Citeseer, Pubmed) with the GAT node classifier (accuracy).
 
     task: {name: node_classification}
-    data: {dataset: cora}
+    data: {dataset: cora}                                 # or your own graph: "graph:path=DIR,id=paper"
     model: {name: node_classifier, kernel: gat}           # or ikan-direct, mikan, ...
     train: {max_epochs: 1000, lr: 0.005, weight_decay: 5e-4}
 
