@@ -6,12 +6,18 @@ its split sizes, or what is missing, where to place it and where to get it.  Onl
 the network; offline it says so and names the paths to place the files at.
 Exit code of ``check``: 0 when every dataset that is present is intact (missing ones are only reported),
 1 when a checksum does not match, a file cannot be read, a requested dataset is not there, or a download failed.
+
+``check PATH`` on a folder or file of your own data (one that holds no staged dataset's folder), or on its
+spec (``graph:path=DIR,id=paper``), says what it detected: the spec that reads it, the task it serves, the
+splits (files, a column, or made by ratio), the sizes and the vocabulary, classes or columns.  Exit code 0
+when it reads, 1 when a file of it cannot be read, 2 when PATH does not exist or holds no known layout.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -22,7 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sub.add_parser("list", help="every dataset name, its parameters, files and source")
     c = sub.add_parser("check", help="what is present under PATH, with split sizes; what is missing")
     c.add_argument("path", nargs="?", default=None, help="data root (default: $KERNEL_ATTENTION_DATA, else "
-                   "../shared/data if it exists, else ~/.cache/kernel-attention)")
+                   "../shared/data if it exists, else ~/.cache/kernel-attention); or a folder or file of your own "
+                   "data, or its spec (graph:path=DIR,id=paper): what it holds, for which task")
     c.add_argument("--dataset", "-d", action="append", default=None, help="check only this dataset (repeatable)")
     c.add_argument("--download", action="store_true", help="fetch missing files into PATH from their public source")
     c.add_argument("--no-verify", action="store_true", help="skip sha256 verification")
@@ -66,6 +73,9 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
     from kernel_attention.data.files import MissingDataError, default_root
     from kernel_attention.registry import SpecError
 
+    own = _own_data(path, names, download)
+    if own is not None:
+        return own if isinstance(own, int) else run_check_own(own, as_json, out)
     root = Path(path).expanduser() if path else default_root()
     try:
         wanted = [DATASETS.entry(n).name for n in names] if names else dataset_names()
@@ -76,8 +86,7 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
     own = [n for n in wanted if SPECS[n].by_path]
     if own:
         out(f"{', '.join(own)}: your own files, named by path= in the spec (e.g. {own[0]}:path=DIR); there is "
-            f"nothing to check under a data root: `kernel-attention train CONFIG data.dataset={own[0]}:path=DIR "
-            f"--check` reads them")
+            f"nothing to check under a data root: `kernel-attention data check DIR` describes them")
         return 2
     failed = False
     if download:
@@ -114,6 +123,72 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
         if r["status"] in ("checksum-mismatch", "unreadable") or (names and r["status"] != "ok"):
             failed = True
     return 1 if failed else 0
+
+
+def _own_data(path: str | None, names, download: bool) -> str | int | None:
+    """``path`` when it names the user's own data (a by-path spec, a file, or a folder that is no data root
+    and holds one of their layouts), 2 (after a message) when it does not exist, else None: a data root."""
+    from kernel_attention.data.datasets import SPECS
+    from kernel_attention.data.files import MissingDataError
+    from kernel_attention.data.own_check import detect_spec
+
+    if path is None or names or download:
+        return None
+    head = path.split(":", 1)[0]
+    if ":" in path and head in SPECS and SPECS[head].by_path:
+        return path
+    p = Path(path).expanduser()
+    if not p.exists() and not Path(str(p) + ".gz").exists():
+        print(f"kernel-attention: data check: {path} does not exist; give a data root (the staged datasets), or a "
+              f"folder or file of your own data (text, parallel text, a TSV/CSV table, a graph folder)",
+              file=sys.stderr)
+        return 2
+    if p.is_dir():
+        staged = {f.path.split("/")[0] for spec in SPECS.values() for f in spec.files}
+        if any((p / top).exists() for top in staged):
+            return None
+        try:
+            detect_spec(path)
+        except MissingDataError:
+            return None  # neither: checked as a data root, which says what is missing
+    return path
+
+
+def run_check_own(path: str, as_json: bool = False, out=print) -> int:
+    """Describe the user's own data at ``path`` (a folder, a file or a by-path spec): exit 0 when it reads,
+    1 when a file of it cannot be read as detected, 2 when nothing there is recognised or the spec is bad."""
+    from kernel_attention.data.files import DataFormatError, MissingDataError
+    from kernel_attention.data.own_check import describe_own
+    from kernel_attention.registry import SpecError
+
+    try:
+        rep = describe_own(path)
+    except (MissingDataError, SpecError) as e:
+        print(f"kernel-attention: data check: {e}", file=sys.stderr)
+        return 2
+    except (DataFormatError, ValueError) as e:
+        print(f"kernel-attention: data check {path}: unreadable: {e}", file=sys.stderr)
+        return 1
+    if as_json:
+        out(json.dumps(rep, indent=1))
+        return 0
+    out(f"{path}: your own data, read as {rep['spec']}")
+    out(f"  task       {rep['task']} (kind {rep['kind']})")
+    out(f"  files      {', '.join(rep['files'])}")
+    out(f"  splits     {rep['splits']}")
+    out(f"  sizes      {rep['sizes']}")
+    if "lines" in rep:
+        out("  lines      " + " / ".join(f"{k} {v:,}" for k, v in rep["lines"].items()))
+    if "vocabulary" in rep:
+        v = rep["vocabulary"]
+        out(f"  vocabulary {v:,} words" if isinstance(v, int) else
+            "  vocabulary " + ", ".join(f"{k} {n:,} words" for k, n in v.items()) + " (training split)")
+    if "classes" in rep:
+        out("  classes    " + ", ".join(f"{k} {n:,}" for k, n in rep["classes"].items()))
+    if "columns" in rep:
+        out(f"  columns    features {', '.join(rep['columns']['features'])}; target {rep['columns']['target']}")
+    out("  checksums  none: your own files (sha256 is verified for the datasets the project stages)")
+    return 0
 
 
 def _missing_line(r: dict) -> str:

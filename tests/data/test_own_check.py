@@ -1,0 +1,94 @@
+"""``kernel-attention data check PATH`` on the user's own data: what it detects, for each kind."""
+
+import json
+
+import pytest
+
+from kernel_attention.cli import main
+from tests.data.test_own_data import EN, FR, LINES, write_pairs, write_text
+from tests.data.test_own_graph import write_csv_graph
+from tests.data.test_own_regression_table import write_table
+from tests.data.test_own_tables import write_tsv
+
+
+def check(capsys, path, *options) -> tuple[int, str, str]:
+    rc = main(["data", "check", str(path), *options])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def report(capsys, path) -> dict:
+    rc, out, err = check(capsys, path, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_language_model_folder_and_single_file(tmp_path, capsys):
+    rep = report(capsys, write_text(tmp_path / "corpus", n=24))
+    assert rep["task"] == "lm" and rep["spec"] == f"text:path={tmp_path / 'corpus'}"
+    assert rep["lines"] == {"train": 24, "valid": 24, "test": 24}
+    assert rep["vocabulary"] == 2 + len({w for line in LINES for w in line.split()})   # <unk>, <eos> and the words
+    assert rep["splits"] == "files test.txt, train.txt, valid.txt"
+    one = tmp_path / "all.txt"
+    one.write_text("\n".join(LINES * 10) + "\n")
+    rep = report(capsys, one)
+    assert rep["splits"].startswith("made by ratio (valid=0.1, test=0.1") and sum(rep["lines"].values()) == 40
+    rc, out, _ = check(capsys, one)
+    assert rc == 0 and "task       lm" in out and "checksums  none" in out
+
+
+def test_parallel_folder(tmp_path, capsys):
+    rep = report(capsys, write_pairs(tmp_path / "pairs", n=36))
+    assert rep["task"] == "translation" and rep["spec"].endswith(",src=en,tgt=fr")
+    assert rep["sizes"] == "pairs train 36 / valid 6 / test 6"
+    assert rep["vocabulary"] == {"en": len({w for s in EN for w in s.split()}), "fr": len({w for s in FR for w in s.split()})}
+
+
+def test_classification_tsv_folder_and_csv_file(tmp_path, capsys):
+    rep = report(capsys, write_tsv(tmp_path / "rev", n=24))
+    assert rep["task"] == "classification" and rep["spec"].endswith(",text=sentence,label=label")
+    assert rep["classes"] == {"neg": 16, "pos": 16}   # 24 + 4 + 4 rows, half each and rep["splits"] == "files test.tsv, train.tsv, valid.tsv"
+    (tmp_path / "r.csv").write_text("".join(f"{i % 3},a review with words {i}\n" for i in range(30)))
+    rep = report(capsys, tmp_path / "r.csv")
+    assert rep["spec"].endswith(",text=1,label=0") and rep["classes"] == {"0": 10, "1": 10, "2": 10}
+    assert rep["splits"].startswith("made by ratio")
+
+
+def test_regression_table(tmp_path, capsys):
+    rep = report(capsys, write_table(tmp_path / "t.csv"))
+    assert rep["task"] == "regression" and rep["spec"].endswith(",target=y")
+    assert rep["columns"] == {"features": ["id", "a", "b"], "target": "y"} and rep["sizes"] == "rows 30, features 3"
+    rc, out, _ = check(capsys, tmp_path / "t.csv")
+    assert "columns    features id, a, b; target y" in out
+
+
+def test_graph_folder_and_spec(tmp_path, capsys):
+    g = write_csv_graph(tmp_path / "g", n=20)
+    rep = report(capsys, g)
+    assert rep["task"] == "node_classification" and rep["spec"] == f"graph:path={g},id=node"
+    assert rep["files"] == ["edges.csv", "features.csv"] and rep["classes"] == {"blue": 10, "red": 10}
+    assert rep["sizes"].startswith("nodes 20, edges 40") and "of the labelled nodes" in rep["splits"]
+    (g / "train.txt").write_text("n0 n1 n2 n3\n")
+    (g / "test.txt").write_text("n4 n5\n")
+    rep = report(capsys, f"graph:path={g},id=node,valid=0.5")
+    assert rep["splits"] == "files train.txt, test.txt" and rep["sizes"].endswith("train 2 / val 2 / test 2")
+
+
+def test_bad_paths_exit_2_and_bad_files_1(tmp_path, capsys):
+    rc, out, err = check(capsys, tmp_path / "nowhere")
+    assert rc == 2 and "nowhere does not exist" in err and "Traceback" not in err
+    rc, _, err = check(capsys, "graph:path=nowhere")
+    assert rc == 2 and "graph data nowhere does not exist" in err
+    g = write_csv_graph(tmp_path / "g")
+    (g / "edges.csv").write_text("n0,n1\nn1,zz\n")
+    rc, _, err = check(capsys, g)
+    assert rc == 1 and "edges.csv:2: node id 'zz' has no row in features.csv" in err
+
+
+@pytest.mark.parametrize("layout", ["staged", "empty"])
+def test_a_data_root_is_still_checked_as_one(tmp_path, capsys, layout):
+    if layout == "staged":
+        (tmp_path / "planetoid").mkdir()
+        (tmp_path / "train.txt").write_text("a b\n")     # a stray file does not make the root a corpus
+    rc, out, _ = check(capsys, tmp_path)
+    assert rc == 0 and out.startswith(f"data root: {tmp_path}") and "summary: " in out
