@@ -12,7 +12,9 @@ figures in ``OUT/<study>/figures/``.
 Modules: core (Cell, Study, TableSpec, registry), runner (cells, resume, progress), twins (equal cells train
 once), carry (finished cells imported from a runs.csv), states (where each cell stands, ``--list``), report
 (protocols, CSV, markdown), figures, probes (similarity/magnitude, attention capture), dissection / ika / smoke
-(the studies), api (execute).
+(the studies), api (execute), revision (the code revision each cell records); the results page: findings (the
+papers' comparisons as data), significance (paired differences and marks), resultset (a docs/results set and its
+manifest), placeholders (numbers in prose), results_page (``kernel-attention study report``).
 """
 
 from kernel_attention.study.api import execute

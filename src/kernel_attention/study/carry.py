@@ -1,6 +1,6 @@
 """Carry finished cells from a ``runs.csv`` into a study folder, so that a study goes on elsewhere.
 
-    kernel-attention study dissection-kernels --seeds 5 --import-runs docs/figures/csv/dissection-kernels.csv
+    kernel-attention study dissection-kernels --seeds 5 --import-runs docs/results/dissection-kernels/runs.csv
 
 A ``runs.csv`` (written by :func:`~.report.write_csv`) holds every field of each finished cell's
 ``result.json`` except its training log.  Importing writes one ``result.json`` per row whose cell belongs

@@ -16,6 +16,7 @@ Figures are linked as ``<results folder name>/<set>/<file>.png``: the page sits 
 from __future__ import annotations
 
 import difflib
+import textwrap
 from pathlib import Path
 
 from kernel_attention.atomic_write import write_text
@@ -140,6 +141,23 @@ def _section(man: Manifest, s: ResultSet) -> list[str]:
     return out
 
 
+_WIDTH = 120  # the guides' screen width; longer lines of text (a study's notes, say) are wrapped to it
+
+
+def _wrap(lines: list[str]) -> list[str]:
+    """Lines of text over :data:`_WIDTH` wrapped (a list item's continuation indented); table rows, code
+    blocks (indented) and images kept whole."""
+    out = []
+    for line in lines:
+        for part in line.split("\n"):
+            if len(part) <= _WIDTH or part.startswith(("|", "    ", "![")):
+                out.append(part)
+            else:
+                out += textwrap.wrap(part, _WIDTH, subsequent_indent="  " if part.startswith("- ") else "",
+                                     break_long_words=False, break_on_hyphens=False)
+    return out
+
+
 def render_page(results: str | Path) -> str:
     """The markdown of the results page from the folder ``results`` (its sections.yaml, module docstring)."""
     man = load_manifest(results)
@@ -149,7 +167,7 @@ def render_page(results: str | Path) -> str:
         out += _section(man, s)
     if man.outro is not None:
         out += ["", fill(man.outro.read_text(), man, str(man.outro)).strip()]
-    return "\n".join(out) + "\n"
+    return "\n".join(_wrap(out)) + "\n"
 
 
 def write_page(results: str | Path, page: str | Path) -> Path:
