@@ -19,7 +19,7 @@ from kernel_attention.atomic_write import replacing
 from kernel_attention.data.protocols import mean_std, select_best
 from kernel_attention.study.core import Study, TableSpec
 
-__all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "CSV_FIELDS"]
+__all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "finished_ok", "CSV_FIELDS"]
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
               "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error", "machine",
@@ -57,7 +57,8 @@ def read_csv(path: str | Path) -> list[dict]:
     return records
 
 
-def _ok(r: dict) -> bool:
+def finished_ok(r: dict) -> bool:
+    """Whether a run counts in a table: status "ok" and finite validation and test scores."""
     return r.get("status") == "ok" and r.get("test") is not None and math.isfinite(float(r["test"])) \
         and r.get("valid") is not None and math.isfinite(float(r["valid"]))
 
@@ -68,9 +69,9 @@ def summarize_cell(protocol: str, table: TableSpec, runs: list[dict]) -> dict[st
         return {"text": "not run", "value": None, "n": 0}
     if table.scaled_units:  # regression: the RMSE in the scaled target units (see runner.unit_factor)
         runs = [{**r, "test": r["test"] * r.get("unit_factor", 1.0), "valid": r["valid"] * r.get("unit_factor", 1.0)}
-                if _ok(r) else r for r in runs]
-    good = [r for r in runs if _ok(r)]
-    bad = [r for r in runs if not _ok(r)]
+                if finished_ok(r) else r for r in runs]
+    good = [r for r in runs if finished_ok(r)]
+    bad = [r for r in runs if not finished_ok(r)]
     f, dg = table.scale_factor, table.digits
     note = ""
     if bad:

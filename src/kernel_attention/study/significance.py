@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kernel_attention.study.report import _ok
+from kernel_attention.study.report import finished_ok
 
 __all__ = ["Paired", "paired_difference", "paired_values", "mark", "ALPHA", "MARKS"]
 
@@ -66,7 +66,7 @@ def paired_values(runs: list[dict], factor: float = 1.0, scaled_units: bool = Fa
     ``unit_factor`` for a table in scaled units); failed and diverged runs are left out, as in the table."""
     out = {}
     for r in runs:
-        if _ok(r):
+        if finished_ok(r):
             out[int(r["seed"])] = float(r["test"]) * factor * (float(r.get("unit_factor", 1.0)) if scaled_units else 1.0)
     return out
 
