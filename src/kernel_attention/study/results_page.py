@@ -163,11 +163,12 @@ _WIDTH = 120  # the guides' screen width; longer lines of text (a study's notes,
 
 def _wrap(lines: list[str]) -> list[str]:
     """Lines of text over :data:`_WIDTH` wrapped (a list item's continuation indented); table rows, code
-    blocks (indented) and images kept whole."""
+    blocks (indented), images and listed commands (a list item that opens with code: a command wrapped inside its
+    backticks would no longer copy as one line) kept whole."""
     out = []
     for line in lines:
         for part in line.split("\n"):
-            if len(part) <= _WIDTH or part.startswith(("|", "    ", "![")):
+            if len(part) <= _WIDTH or part.startswith(("|", "    ", "![", "- `")):
                 out.append(part)
             else:
                 out += textwrap.wrap(part, _WIDTH, subsequent_indent="  " if part.startswith("- ") else "",
