@@ -7,10 +7,11 @@ claims is not typed here: :func:`paper_direction` reads it from the paper's numb
 :class:`~.core.TableSpec` (``paper``), oriented as the paired differences (:mod:`.significance`): +1 when
 the paper has the cell better than its baseline, -1 worse, 0 level.
 
-A :class:`Finding` is a claim of a paper's text (../shared/papers/: TD Sections 3.1-3.4, IKA Section 5),
+A :class:`Finding` is a claim of a paper's text (../shared/papers/: TD Section 3, IKA "Experiments"),
 with the comparisons that test it (the paired differences cannot test a claim about more than two cells,
-such as "MIKAN is best", so such claims are read off the tables); ``level=True`` marks a claim that two variants do about equally well
-(TD: symmetric against asymmetric kernels), which "within noise" marks support rather than leave open.
+such as "MIKAN is best", so such claims are read off the tables); ``level=True`` marks a claim that two
+variants do about equally well (TD: symmetric against asymmetric kernels), which "within noise" marks support
+rather than leave open.
 """
 
 from __future__ import annotations

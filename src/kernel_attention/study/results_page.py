@@ -47,9 +47,10 @@ def _pair_text(s: ResultSet, c: Comparison, table) -> tuple[str, str]:
     return paper, ours
 
 
-def _marks_table(s: ResultSet, marked: list[Marked]) -> list[str]:
+def _marks_table(marked: list[tuple[ResultSet, Marked]]) -> list[str]:
+    """One line per (set, comparison marked on it): the paper's two numbers, ours, the paired difference, the mark."""
     lines = ["| comparison | paper | ours | paired difference (ours) | mark |", "|---|---|---|---|---|"]
-    for m in marked:
+    for s, m in marked:
         paper, ours = _pair_text(s, m.comparison, m.table)
         lines.append(f"| {_label(m)} | {paper} | {ours} | {m.paired.text(m.table.digits) or '-'} | **{m.mark}** |")
     return lines
@@ -65,7 +66,7 @@ def _checklist(man: Manifest) -> list[str]:
            "Each claim of the papers, tested by the comparisons of table cells it rests on (section \"How the "
            "marks are made\" below).  A study's marks come from its converged-scale set where there is one, "
            "else from its small-scale set; the column \"marks from\" names the set and scale.", "",
-           "| finding | paper | marks from | holds | reversed | within noise | other |", "|---|---|---|---|---|---|---|"]
+           "| finding | paper | marks from | holds | reversed | within noise | other |", "|---" * 7 + "|"]
     details = []
     for f in FINDINGS:
         studies = {c.study for c in _comparisons_of(f.id)}
@@ -81,9 +82,7 @@ def _checklist(man: Manifest) -> list[str]:
         out.append(f"| {claim} | {f.source} | {src} | {n['holds']} | {n['reversed']} | {n['within noise']} | "
                    f"{other or '-'} |")
         if rows:
-            details += ["", f"**{f.source}: {f.claim}** (from {src})", ""]
-            lines = _marks_table(rows[0][0], [m for _, m in rows])
-            details += lines
+            details += ["", f"**{f.source}: {f.claim}** (from {src})", ""] + _marks_table(rows)
     out += ["", "### The comparisons behind each finding"] + details
     return out
 
@@ -152,7 +151,8 @@ def _section(man: Manifest, s: ResultSet) -> list[str]:
     out += _revisions(s)
     run = [m for m in s.marked if m.paired.n]  # a comparison of cells the set did not run has no line here
     if run:
-        out += ["", f"#### Paired differences and marks, `{s.name}` ({s.scale} scale)", ""] + _marks_table(s, run)
+        out += ["", f"#### Paired differences and marks, `{s.name}` ({s.scale} scale)", ""]
+        out += _marks_table([(s, m) for m in run])
     for png in s.figures():
         out += ["", f"![{s.name}/{png.name}]({man.root.name}/{s.name}/{png.name})"]
     return out

@@ -67,7 +67,8 @@ def paired_values(runs: list[dict], factor: float = 1.0, scaled_units: bool = Fa
     out = {}
     for r in runs:
         if finished_ok(r):
-            out[int(r["seed"])] = float(r["test"]) * factor * (float(r.get("unit_factor", 1.0)) if scaled_units else 1.0)
+            unit = float(r.get("unit_factor", 1.0)) if scaled_units else 1.0
+            out[int(r["seed"])] = float(r["test"]) * factor * unit
     return out
 
 
