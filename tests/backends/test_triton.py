@@ -1,7 +1,9 @@
 """The ``triton`` backend against ``dense`` in float32: values and the gradients of q, k, v and of the positional
 parameters, over every kernel x position x filter it runs, with Transformer-XL's memory (Tq < Tk), empty rows and
-tiles that the filter skips; the implicit kernels' squared form (k / sum k) with the gradients of their
-parameters.
+tiles that the filter skips; the sparse filters (strided, fixed, Transformer-XL's memory filter, intersections)
+computed per tile, checked pair by pair against their dense masks; Shaw's value table and a float mask or bias;
+the implicit kernels' squared form (k / sum k) with the gradients of their parameters, and with magnitude dropout
+against dense given the same mask.
 
 Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET=1 is set while this
 module loads them (Triton reads it when a kernel is defined) and during each of its tests, and restored after,
@@ -63,9 +65,9 @@ def _key_mask(tk, b=B, empty=True):
     return km.to(DEVICE)
 
 
-def _setup(kernel, position, tq, tk, d=D, b=B, self_attention=True, seed=0, train=False):
+def _setup(kernel, position, tq, tk, d=D, b=B, self_attention=True, seed=0, train=False, value="none"):
     torch.manual_seed(1)
-    pos = make_position(position, d_model=H * d, n_heads=H, d_head=d).to(DEVICE, DT)
+    pos = make_position(position, d_model=H * d, n_heads=H, d_head=d, value_position=value).to(DEVICE, DT)
     kern = ka.make_kernel(kernel, n_heads=H, d_head=d).to(DEVICE, DT).train(train)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, H, t, d, generator=g, dtype=DT).to(DEVICE).requires_grad_() for t in (tq, tk, tk))
@@ -73,15 +75,17 @@ def _setup(kernel, position, tq, tk, d=D, b=B, self_attention=True, seed=0, trai
 
 
 def _run(backend, kernel, position="none", filt=None, tq=33, tk=33, key_mask=None, d=D, b=B,
-         self_attention=True, edit=None, train=False):
-    """Output and gradients (q, k, v, positional and kernel parameters) of one call; ``edit(q, k, v)`` changes
-    the inputs in place before it."""
-    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk, d, b, self_attention, train=train)
+         self_attention=True, edit=None, train=False, value="none", bias=None):
+    """Output and gradients (q, k, v, positional and kernel parameters, ``bias``) of one call; ``edit(q, k, v)``
+    changes the inputs in place before it."""
+    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk, d, b, self_attention, train=train, value=value)
     if edit is not None:
         with torch.no_grad():
             edit(q, k, v)
-    out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), key_mask=key_mask, backend=backend)
+    out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), key_mask=key_mask, bias=bias,
+                    backend=backend)
     params = [q, k, v] + list(pos.parameters()) + [p for p in kern.parameters() if p.requires_grad]
+    params += [bias] if bias is not None and bias.requires_grad else []
     gout = torch.cos(torch.arange(out.numel(), device=DEVICE, dtype=DT)).reshape(out.shape)
     return out, torch.autograd.grad(out, params, gout, allow_unused=True)
 
@@ -187,12 +191,88 @@ def test_tiles_outside_the_filter_are_not_read():
     assert torch.isfinite(grads[1][:, :, 16:]).all() and torch.isfinite(grads[2][:, :, 16:]).all()
 
 
+SPARSE = ["strided:stride=4", "fixed:stride=8,c=2", "fixed:stride=5", "memory:same_length=true",
+          "memory:same_length=true,mem_len=12", "causal&local:window=5", "strided:stride=3&local:window=9",
+          "fixed:stride=6&padding", "memory"]
+
+
+@pytest.mark.parametrize("filt", SPARSE)
+def test_filter_predicates_equal_dense_masks(filt):
+    """The pairs the kernels keep, walked per query tile (forward, dq) and per key tile (dk, dv), equal the filter's
+    dense mask (False in every tile they skip), with memory keys (Tq < Tk), rows before every key (Tq > Tk) and
+    padding."""
+    from kernel_attention.backends.triton_flash import filter_mask
+
+    for tq, tk in [(33, 33), (7, 40), (40, 7), (20, 37)]:
+        q, k, v = (torch.randn(B, H, t, D, device=DEVICE) for t in (tq, tk, tk))
+        p = build_problem(q, k, v, "exp", filt, key_mask=_key_mask(tk, empty=False))
+        assert resolve_backend("triton").supports(p) is None, filt
+        keep = p.keep.expand(B, H, tq, tk)
+        for by_keys in (False, True):
+            assert torch.equal(filter_mask(p, by_keys=by_keys), keep), (filt, tq, tk, by_keys)
+
+
+@pytest.mark.parametrize("kernel,position,filt,tq,tk", [
+    ("exp", "none", "strided:stride=4", 33, 33),
+    ("rbf", "shaw", "fixed:stride=8,c=2", 33, 33),
+    ("exp", "xl", "memory:same_length=true", 16, 40),
+    ("periodic", "product", "strided:stride=3&local:window=9", 33, 33),
+    ("exp", "xl", "fixed:stride=5", 7, 40),
+    ("rbf", "xl", "memory:same_length=true,mem_len=20", 16, 40),
+])
+def test_sparse_filters_match_dense(kernel, position, filt, tq, tk):
+    """Strided, fixed and Transformer-XL's memory filter with the kernels and positions the backend runs; the last
+    two with memory keys."""
+    _close(_run("triton", kernel, position, filt, tq, tk), _run("dense", kernel, position, filt, tq, tk))
+
+
+def test_sparse_filter_with_padding():
+    km = _key_mask(33)
+    _close(_run("triton", "rbf", "shaw", "strided:stride=5", key_mask=km),
+           _run("dense", "rbf", "shaw", "strided:stride=5", key_mask=km))
+
+
+def test_tiles_the_pattern_never_keeps_are_not_read():
+    """fixed:stride=32 keeps of keys [0, 16) only the first block's queries (no summary key there): the query tile
+    [32, 40) skips that key tile, so its NaN reach neither those rows nor their gradients."""
+    with validation(False):
+        out, grads = _run("triton", "exp", "none", "fixed:stride=32", 40, 40, edit=_poison(slice(0, 16)))
+    out_ref, grads_ref = _run("dense", "exp", "none", "fixed:stride=32", 40, 40)
+    torch.testing.assert_close(out[:, :, 32:], out_ref[:, :, 32:], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(grads[0][:, :, 32:], grads_ref[0][:, :, 32:], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("position,filt,tq,tk", [("shaw:clip=3", None, 33, 33), ("shaw:clip=3", "causal", 7, 40),
+                                                 ("shaw:clip=20", "strided:stride=4", 33, 33)])
+def test_shaw_value_table(position, filt, tq, tk):
+    """Shaw's a^V (positions in the value): sum_j P_ij a^V[clip(i - j)] from each row's weights summed per table
+    row, with the gradients of both tables; a clip narrower than the tiles, memory keys, a sparse filter."""
+    _close(_run("triton", "rbf", position, filt, tq, tk, value="relative"),
+           _run("dense", "rbf", position, filt, tq, tk, value="relative"))
+
+
+@pytest.mark.parametrize("shape", [(1, H, 33, 33), (B, 1, 1, 33)])
+def test_float_mask_and_bias(shape):
+    """A float mask (-inf drops a pair; sequence 0's query 3 loses every key: an empty row) and a bias with a
+    gradient, read per tile through their broadcast strides."""
+    g = torch.Generator().manual_seed(3)
+    bias = torch.randn(*shape, generator=g).to(DEVICE).requires_grad_()
+    mask = torch.zeros(B, 1, 33, 33)
+    mask[0, 0, 3] = float("-inf")
+    mask[1, 0, :, 5:9] = float("-inf")
+    mask = mask.to(DEVICE)
+    got = _run("triton", "exp", "xl", mask, bias=bias)
+    ref = _run("dense", "exp", "xl", mask, bias=bias)
+    _close(got, ref)
+    assert not got[0][0, :, 3].any()
+
+
 @pytest.mark.parametrize("case,why", [
     (dict(kernel="poly"), "SDPA features"),
     (dict(kernel="exp", dropout_p=0.1), "dropout"),
     (dict(kernel="exp", need_weights=True), "need_weights"),
-    (dict(kernel="exp", filt="strided:stride=4"), "filter"),
-    (dict(kernel="exp", filt="causal&local:window=4"), "filter"),
+    (dict(kernel="exp", filt="causal|local:window=4"), "filter"),
+    (dict(kernel="exp", filt="strided:stride=4&fixed:stride=8"), "two sparse patterns"),
 ])
 def test_reasons(case, why):
     case = dict(case)
@@ -204,13 +284,14 @@ def test_reasons(case, why):
         choose(p, "triton")
 
 
-def test_value_table_and_float_mask_are_refused():
-    pos = make_position("shaw", d_model=H * D, n_heads=H, d_head=D, value_position="relative").to(DEVICE)
+def test_bool_mask_tensor_and_two_value_tables_are_refused():
     q, k, v = (torch.randn(B, H, 9, D, device=DEVICE) for _ in range(3))
-    p = build_problem(q, k, v, "exp", terms=pos.terms(q, k, *default_positions(9, 9, DEVICE, True)))
-    assert "value table" in resolve_backend("triton").supports(p)
-    p = build_problem(q, k, v, "exp", torch.zeros(9, 9, device=DEVICE))
-    assert "dense additive term" in resolve_backend("triton").supports(p)
+    p = build_problem(q, k, v, "exp", torch.rand(9, 9, device=DEVICE) > 0.5)
+    assert "boolean mask tensor" in resolve_backend("triton").supports(p)
+    pos = make_position("shaw", d_model=H * D, n_heads=H, d_head=D, axes=2, value_position="relative").to(DEVICE)
+    pq, pk = (torch.stack([x[..., 0], x[..., 0]], -1) for x in default_positions(9, 9, DEVICE, True))
+    p = build_problem(q, k, v, "exp", terms=pos.terms(q, k, pq, pk))
+    assert "more than one relative table" in resolve_backend("triton").supports(p)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="the interpreter's rules are for CPU tensors")
@@ -303,12 +384,62 @@ def test_implicit_reasons():
     assert "dropout" in triton.supports(_problem("ikas", dropout_p=0.1))
     kern = ka.make_kernel("ikan-direct:magnitude_dropout=0.1", n_heads=H, d_head=D).to(DEVICE).train()
     q, k, v = (torch.randn(B, H, 9, D, device=DEVICE) for _ in range(3))
-    assert "magnitude dropout" in triton.supports(build_problem(q, k, v, kern))
+    assert triton.supports(build_problem(q, k, v, kern)) is None
+    assert "magnitude dropout drawn per pair" in triton.describe(build_problem(q, k, v, kern))
     kern = ka.make_kernel("ikas", n_heads=H, d_head=D).to(DEVICE).eval()
     assert "dtype" in triton.supports(build_problem(q.half(), k.half(), v.half(), kern.half()))
     k = k.clone()
     k[:, :, 0] *= 30.0  # a key whose log factor ||k||^2 / denom lies far above the others'
     assert "spans" in triton.supports(build_problem(q, k, v, kern.float()))
+
+
+def _dropout_run(backend, kernel, filt, seed, monkeypatch, tq=33, tk=33, key_mask=None, drop=0.3):
+    """Output and gradients of the squared form in training with magnitude dropout ``drop`` and the call's dropout
+    seed fixed to ``seed``; on ``dense`` the magnitude logits are dropped with the mask the Triton kernels draw for
+    that seed (:func:`~kernel_attention.backends.triton_squared.magnitude_keep_mask`)."""
+    from types import SimpleNamespace
+
+    from kernel_attention.backends.triton_squared import magnitude_keep_mask
+    from kernel_attention.kernels import similarity_magnitude
+
+    _, kern, q, k, v, _ = _setup(f"{kernel}:magnitude_dropout={drop}", "none", tq, tk, train=True)
+    with monkeypatch.context() as m:
+        m.setattr(kern, "dropout_seed", lambda p: seed)
+        if backend == "dense":
+            keep = magnitude_keep_mask(seed, drop, (B, H, tq, tk), DEVICE)
+            m.setattr(similarity_magnitude, "F", SimpleNamespace(
+                dropout=lambda x, p: torch.where(keep, x / (1 - p), 0.0)))
+        torch.manual_seed(5)  # the spectral points a training call draws
+        out = attention(q, k, v, kern, filt, key_mask=key_mask, backend=backend)
+    params = [q, k, v] + [p for p in kern.parameters() if p.requires_grad]
+    gout = torch.cos(torch.arange(out.numel(), device=DEVICE, dtype=DT)).reshape(out.shape)
+    return out, torch.autograd.grad(out, params, gout, allow_unused=True)
+
+
+@pytest.mark.parametrize("kernel,filt,tq,tk", [("ikan-direct", None, 33, 33), ("ikas", "causal", 33, 33),
+                                               ("ikan-direct", "strided:stride=4", 20, 33),
+                                               ("ikans", "padding", 33, 33)])
+def test_magnitude_dropout_matches_dense_with_its_mask(kernel, filt, tq, tk, monkeypatch):
+    """Magnitude dropout drawn per tile in the squared-form kernels equals dense given the same mask, values and
+    the gradients of q, k, v and the kernel's parameters (ikas, ikans: their spectral points drawn in training)."""
+    km = _key_mask(tk) if filt == "padding" else None
+    _close(_dropout_run("triton", kernel, filt, 1234, monkeypatch, tq, tk, km),
+           _dropout_run("dense", kernel, filt, 1234, monkeypatch, tq, tk, km), atol=5e-5)
+
+
+def test_magnitude_dropout_is_seeded(monkeypatch):
+    """One seed, one mask: two calls agree, values and gradients (the backward redraws the forward's mask); another
+    seed gives another mask, which keeps about 1 - drop of the pairs."""
+    from kernel_attention.backends.triton_squared import magnitude_keep_mask
+
+    a = _dropout_run("triton", "ikan-direct", "causal", 77, monkeypatch)
+    b = _dropout_run("triton", "ikan-direct", "causal", 77, monkeypatch)
+    c = _dropout_run("triton", "ikan-direct", "causal", 78, monkeypatch)
+    assert torch.equal(a[0], b[0]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+    assert not torch.allclose(a[0], c[0])
+    keep = magnitude_keep_mask(77, 0.3, (B, H, 33, 33), DEVICE)
+    assert torch.equal(keep, magnitude_keep_mask(77, 0.3, (B, H, 33, 33), DEVICE))
+    assert abs(keep.float().mean().item() - 0.7) < 0.03
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="Triton's interpreter gets bfloat16 products wrong (the exp-family "

@@ -11,17 +11,24 @@ with kb a per-key bias (rbf's -s||k_j||^2 with ``key_bias=mask``, Transformer-XL
 * Shaw's clipped table (Transformer Dissection Eq. 6): L[i, clip(o + i - j, -c, c) + c], gathered per tile
   from the (Tq, 2c + 1) logits L = q a^K / sqrt(d);
 * Transformer-XL's relative term (Eq. 5): qv_i · R[base + i - j], formed per tile from the BM + BN - 1 rows
-  of R the tile meets (any Tk >= Tq: a memory in front of the segment).
+  of R the tile meets (any Tk >= Tq: a memory in front of the segment);
+* a float mask or bias (B|1, H|1, Tq|1, Tk|1), read per tile through its strides (its gradient, where it has
+  one, is the (B, H, Tq, Tk) dS summed over its broadcast axes).
 
-The filter is full, causal (lower-right aligned) or local (|i + Tk - Tq - j| <= window), each alone or with
-padding (a per-key mask); tiles outside it are skipped, partial tiles masked, and a query with no kept key
-gets zeros and zero gradient.  The forward keeps only the output and the row log-sum-exp (O(T) memory); the backward
-recomputes the weights per tile (:mod:`~kernel_attention.backends.triton_kernels`).  No (Tq, Tk) tensor is
-formed in either pass.
+Shaw's value table a^V (positions in the value, Eq. 6) adds sum_j P_ij a^V[clip(o + i - j, -c, c) + c] to the
+output: the forward kernel sums each row's weights per table row, Hv (B, H, Tq, 2c + 1), and the output gains
+Hv a^V; the backward adds dHv[i, idx_ij] to dP_ij.
 
-A kernel with :class:`~kernel_attention.kernels.base.SquaredForm` (the implicit kernels in eval mode, or training
-without magnitude dropout) runs instead as k / sum k, (<q'_i, k'_j>^2 + eps) times a per-key factor, over the same
-filters and tiles (:mod:`~kernel_attention.backends.triton_squared`).
+The filter is an intersection of a band (causal, local, Transformer-XL's memory), at most one sparse pattern
+(strided, fixed) and a key mask (padding), computed per tile from the pairs' indices
+(:mod:`~kernel_attention.backends.triton_filters`); tiles outside it are skipped, partial tiles masked, and a
+query with no kept key gets zeros and zero gradient.  The forward keeps only the output and the row log-sum-exp
+(O(T) memory); the backward recomputes the weights per tile (:mod:`~kernel_attention.backends.triton_kernels`).
+No (Tq, Tk) tensor is formed in either pass, except the bias's gradient where the bias has one.
+
+A kernel with :class:`~kernel_attention.kernels.base.SquaredForm` (the implicit kernels) runs instead as
+k / sum k, (<q'_i, k'_j>^2 + eps) times a per-key factor, with magnitude dropout drawn per tile in training, over
+the same filters and tiles (:mod:`~kernel_attention.backends.triton_squared`).
 
 The kernels are two operators with fake implementations (``kernel_attention::triton_flash_forward`` and
 ``::triton_flash_backward``, the second the first's autograd formula), so ``torch.compile`` keeps a call in
@@ -40,18 +47,16 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_mask, sdpa_features
+from kernel_attention.backends.base import BACKENDS, Backend, Problem, sdpa_features, sum_to
 from kernel_attention.backends.policy import policy
 from kernel_attention.positions.difference_index import DifferenceIndex
-from kernel_attention.filters import Local
 from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
+from kernel_attention.backends.triton_filters import FIXED, STRIDED, TileFilter, tile_filter
 from kernel_attention.backends.triton_squared import squared_why_not, triton_squared_smoother
 
-__all__ = ["TritonBackend", "triton_why_not", "triton_smoother", "flash_forward", "flash_backward"]
+__all__ = ["TritonBackend", "triton_why_not", "triton_smoother", "flash_forward", "flash_backward", "filter_mask"]
 
-FULL, CAUSAL, LOCAL = 0, 1, 2  # the sequence filter (triton_kernels' MODE)
-_MODE_NAMES = {FULL: "full", CAUSAL: "causal", LOCAL: "local"}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -99,19 +104,29 @@ def _shaw_band(index, tq: int, tk: int, width: int) -> tuple[int, int] | None:
     return c, o
 
 
-def _filter(p: Problem) -> tuple[int, Tensor | None] | None:
-    """(the sequence filter FULL, CAUSAL or LOCAL, the key mask (B|1, H|1, 1, Tk) bool or None) whose
-    intersection is ``p``'s filter, or None when it is not such an intersection.  Shapes and types only."""
-    if p.keep is None:
-        return FULL, None
-    if p.key_only:  # padding alone
-        return FULL, key_only_mask(p)
-    f = p.filter
-    if f is None or f.needs_key_mask or not (f.kind == "causal" or isinstance(f, Local)):
+def _shaw_terms(p: Problem) -> tuple[int, int] | str | None:
+    """(c, o) of Shaw's index clip(o + i - j, -c, c) + c shared by the key table and the value table that ``p``'s
+    terms hold, None when they hold neither, or why not in words."""
+    t = p.terms
+    b, h, tq, tk = p.shape
+    if t is None or not (t.relative or t.value):
         return None
-    mode = CAUSAL if f.kind == "causal" else LOCAL
-    # functional.resolve_mask: keep = the filter's mask & key_mask[:, None, None, :]
-    return mode, None if p.key_mask is None else p.key_mask[:, None, None, :]
+    if len(t.relative) > 1 or len(t.value) > 1:
+        return "more than one relative table (several position axes)"
+    bands = []
+    for logits, index in t.relative:
+        band = _shaw_band(index, tq, tk, logits.shape[-1]) if logits.dim() == 4 else None
+        if band is None:
+            return "a relative table other than Shaw's clip(o + i - j, -c, c) + c with its 2c + 1 columns"
+        bands.append(band)
+    for table, index in t.value:
+        band = _shaw_band(index, tq, tk, table.shape[0]) if table.dim() == 2 else None
+        if band is None:
+            return "a relative value table other than Shaw's (2c + 1, Dv) read at clip(o + i - j, -c, c) + c"
+        bands.append(band)
+    if len(set(bands)) > 1:
+        return "Shaw's key and value tables read at different indices"
+    return bands[0]
 
 
 def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
@@ -130,10 +145,10 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
         return "need_weights=True: only dense forms the (Tq, Tk) weights"
     if p.dropout_p > 0:
         return "dropout on the weights is not in its kernels"
+    filt = tile_filter(p)
+    if isinstance(filt, str):
+        return filt
     if has_squared_form(p.kernel):
-        filt = _filter(p)
-        if filt is None:
-            return f"filter {p.filter!r} is not full, causal or local (each with or without padding)"
         return squared_why_not(p, *filt)
     if sdpa_layout(p.kernel, key_bias) is None:
         return (f"kernel {p.kernel.name!r} has neither SDPA features (capability SDPAFeatures) nor a squared "
@@ -143,15 +158,13 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
     t = p.terms
     b, h, tq, tk = p.shape
     if t is not None:
-        if t.bias is not None:
-            return "a dense additive term (float mask or bias) is not formed per tile"
-        if t.value:
-            return "Shaw's relative value table needs the weights"
-        if len(t.relative) > 1 or len(t.relative_factors) > 1:
+        if t.bias is not None and t.bias.dim() > 4:
+            return "a float mask or bias of more than 4 dims"
+        shaw = _shaw_terms(p)
+        if isinstance(shaw, str):
+            return shaw
+        if len(t.relative_factors) > 1:
             return "more than one relative table (several position axes)"
-        for logits, index in t.relative:
-            if logits.dim() != 4 or _shaw_band(index, tq, tk, logits.shape[-1]) is None:
-                return "a relative table other than Shaw's clip(o + i - j, -c, c) + c with its 2c + 1 columns"
         for q_side, table, index in t.relative_factors:
             from kernel_attention.backends.relative import toeplitz_base
 
@@ -159,8 +172,6 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
                 return "Transformer-XL's term with a table other than (H|1, R, d)"
             if toeplitz_base(index) is None:
                 return "Transformer-XL's term with an index other than base + i - j (default positions)"
-    if _filter(p) is None:
-        return f"filter {p.filter!r} is not full, causal or local (each with or without padding)"
     return None
 
 
@@ -168,28 +179,31 @@ def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
 class _Config:
     """What the kernels are specialised on, and the scalars they take."""
 
-    mode: int
-    off: int  # Tk - Tq: query i sits at key position i + off
-    win: int
+    filt: tuple  # TileFilter.args(): banded, off, lo, hi, pattern, stride, c
     scale: float
     c: int  # Shaw's clip (0: no table)
     soff: int  # Shaw's o in clip(o + i - j)
     xbase: int  # Transformer-XL's base in R[base + i - j]
+    value: bool  # Shaw's value table: the forward writes Hv
     block: int
 
-    def launch(self, q, v, kb, km, qv, table) -> dict:
+    def launch(self, q, v, kb, km, shaw, qv, table, bias) -> dict:
         """The keyword arguments every kernel takes."""
         has_xl = qv is not None
         dk, dv = q.shape[-1], v.shape[-1]
         dr = qv.shape[-1] if has_xl else 1
         hr, rlen = (table.shape[0], table.shape[1]) if has_xl else (1, 0)
+        mode, off, lo, hi, pattern, stride, c = self.filt
+        # a broadcast axis of the bias is read with stride 0
+        sb = [0 if bias is None or bias.shape[a] == 1 else bias.stride(a) for a in range(4)]
         return dict(
             H=q.shape[1], Tq=q.shape[2], Tk=v.shape[2], DK=dk, DV=dv, DR=dr,
-            RSTRIDE=rlen * dr if hr > 1 else 0, Rlen=rlen, scale=self.scale, OFF=self.off, WIN=self.win,
-            SOFF=self.soff, XBASE=self.xbase, HAS_KB=kb is not None, HAS_SHAW=self.c > 0, C=self.c,
-            W=2 * self.c + 1, HAS_XL=has_xl, MODE=self.mode, HAS_KM=km is not None,
+            RSTRIDE=rlen * dr if hr > 1 else 0, Rlen=rlen, scale=self.scale, OFF=off, DLO=lo, DHI=hi,
+            STRIDE=stride, SC=c, SOFF=self.soff, XBASE=self.xbase, SB0=sb[0], SB1=sb[1], SB2=sb[2], SB3=sb[3],
+            HAS_KB=kb is not None, HAS_SHAW=shaw is not None, HAS_VAL=self.value, C=self.c, W=2 * self.c + 1,
+            HAS_XL=has_xl, HAS_BIAS=bias is not None, MODE=mode, PAT=pattern, HAS_KM=km is not None,
             PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            BM=self.block, BN=self.block, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr),
+            BM=self.block, BN=self.block, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr), BW=_pow2(2 * self.c + 1),
             # 8 warps where a tile holds more: Transformer-XL's (BM, 2·BN) window products, or 128-wide tiles
             WP=_pow2(2 * self.block - 1), num_warps=8 if has_xl or self.block > 64 else 4)
 
@@ -210,82 +224,105 @@ def _none_if_empty(x: Tensor) -> Tensor | None:
 # The kernels as two operators with fake implementations (shapes only), so that torch.compile keeps them whole
 # in a graph, and the backward as the forward operator's autograd formula.  Inputs are contiguous (B, H, ...)
 # tensors: q (B, H, Tq, DK), k (B, H, Tk, DK), v (B, H, Tk, DV); kb (B, H, Tk) float32; km (B, H, Tk) int8;
-# shaw (B, H, Tq, 2c + 1) float32; qv (B, H, Tq, DR) and table (HR, Rlen, DR); absent ones None.  A gradient
-# of an absent input comes back as an empty tensor (an operator returns tensors only).
+# shaw (B, H, Tq, 2c + 1) float32; qv (B, H, Tq, DR) and table (HR, Rlen, DR); bias (B|1, H|1, Tq|1, Tk|1)
+# float32, any strides; absent ones None.  ``filt`` is TileFilter.args().  Hv, and a gradient of an absent input,
+# come back as an empty tensor (an operator returns tensors only).
 
 @torch.library.custom_op("kernel_attention::triton_flash_forward", mutates_args=())
 def flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Optional[Tensor], shaw: Optional[Tensor],
-                  qv: Optional[Tensor], table: Optional[Tensor], mode: int, off: int, win: int, scale: float, c: int,
-                  soff: int, xbase: int, block: int) -> tuple[Tensor, Tensor]:
-    """(out (B, H, Tq, DV), lse2 (B, H, Tq) float32: the row log2-sum-exp2 of log2(e)·s, +inf for an empty row)."""
-    cfg = _Config(mode, off, win, scale, c, soff, xbase, block)
+                  qv: Optional[Tensor], table: Optional[Tensor], bias: Optional[Tensor], filt: list[int],
+                  scale: float, c: int, soff: int, xbase: int, value: bool,
+                  block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(out (B, H, Tq, DV), lse2 (B, H, Tq) float32: the row log2-sum-exp2 of log2(e)·s, +inf for an empty row,
+    Hv (B, H, Tq, 2c + 1) float32 with ``value``, else empty)."""
+    cfg = _Config(tuple(filt), scale, c, soff, xbase, value, block)
     b, h, tq, _ = q.shape
     out = torch.empty(b, h, tq, v.shape[-1], dtype=v.dtype, device=v.device)
     lse = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)
+    hv = torch.empty(b, h, tq, 2 * c + 1 if value else 0, dtype=torch.float32, device=q.device)
     _kernels().flash_forward[(_cdiv(tq, block), b * h)](
-        q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), out, lse,
-        **cfg.launch(q, v, kb, km, qv, table))
-    return out, lse
+        q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), _or(bias, q), out, lse,
+        _or(_none_if_empty(hv), lse), **cfg.launch(q, v, kb, km, shaw, qv, table, bias))
+    return out, lse, hv
 
 
 @flash_forward.register_fake
-def _(q, k, v, kb, km, shaw, qv, table, mode, off, win, scale, c, soff, xbase, block):
+def _(q, k, v, kb, km, shaw, qv, table, bias, filt, scale, c, soff, xbase, value, block):
     b, h, tq, _ = q.shape
-    return v.new_empty(b, h, tq, v.shape[-1]), q.new_empty(b, h, tq, dtype=torch.float32)
+    return (v.new_empty(b, h, tq, v.shape[-1]), q.new_empty(b, h, tq, dtype=torch.float32),
+            q.new_empty(b, h, tq, 2 * c + 1 if value else 0, dtype=torch.float32))
 
 
 @torch.library.custom_op("kernel_attention::triton_flash_backward", mutates_args=())
-def flash_backward(gout: Tensor, q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Optional[Tensor],
-                   shaw: Optional[Tensor], qv: Optional[Tensor], table: Optional[Tensor], out: Tensor, lse: Tensor,
-                   mode: int, off: int, win: int, scale: float, c: int, soff: int, xbase: int,
-                   block: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dkb, dshaw, dqv, dtable), empty where the input is absent."""
-    cfg = _Config(mode, off, win, scale, c, soff, xbase, block)
+def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor],
+                   km: Optional[Tensor], shaw: Optional[Tensor], qv: Optional[Tensor], table: Optional[Tensor],
+                   bias: Optional[Tensor], out: Tensor, lse: Tensor, hv: Tensor, filt: list[int], scale: float,
+                   c: int, soff: int, xbase: int, value: bool, block: int,
+                   bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dkb, dshaw, dqv, dtable, dbias), empty where the input is absent (dbias: where ``bias_grad``
+    is False); ``ghv`` the gradient of Hv, or None."""
+    cfg = _Config(tuple(filt), scale, c, soff, xbase, value, block)
     kern = _kernels()
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     gout = gout.contiguous()
-    delta = (gout.float() * out.float()).sum(-1)  # (B, H, Tq): dO_i · out_i
-    args = cfg.launch(q, v, kb, km, qv, table)
-    ptrs = (q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), gout, lse, delta)
+    delta = (gout.float() * out.float()).sum(-1)  # (B, H, Tq): dO_i · out_i (+ dHv_i · Hv_i)
+    if ghv is not None:
+        ghv = ghv.float().contiguous()
+        delta = delta + (ghv * hv).sum(-1)
+    args = cfg.launch(q, v, kb, km, shaw, qv, table, bias)
+    ptrs = (q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), _or(bias, q), _or(ghv, lse),
+            gout, lse, delta)
+    if value and ghv is None:  # Hv unused: its gradient is 0
+        args["HAS_VAL"] = False
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     empty = q.new_empty(0)
     dkb = torch.empty_like(kb) if kb is not None else empty
     dshaw = torch.empty_like(shaw) if shaw is not None else empty.clone()
     dqv = torch.empty_like(qv) if qv is not None else empty.clone()
     dtable = torch.zeros(table.shape, dtype=torch.float32, device=q.device) if table is not None else empty.clone()
+    ds = torch.zeros(b, h, tq, tk, dtype=torch.float32, device=q.device) if bias_grad else None
     kern.flash_backward_kv[(_cdiv(tk, block), b * h)](*ptrs, dk, dv, _or(_none_if_empty(dkb), lse), **args)
     kern.flash_backward_q[(_cdiv(tq, block), b * h)](
         *ptrs, dq, _or(_none_if_empty(dshaw), lse), _or(_none_if_empty(dqv), q), _or(_none_if_empty(dtable), lse),
-        BW=_pow2(2 * c + 1), **args)
+        _or(ds, lse), HAS_DBIAS=bias_grad, **args)
     if table is not None:
         dtable = dtable.to(table.dtype)
-    return dq, dk, dv, dkb, dshaw, dqv, dtable
+    dbias = sum_to(ds, bias.shape).to(bias.dtype) if bias_grad else empty.clone()
+    return dq, dk, dv, dkb, dshaw, dqv, dtable, dbias
 
 
 @flash_backward.register_fake
-def _(gout, q, k, v, kb, km, shaw, qv, table, out, lse, mode, off, win, scale, c, soff, xbase, block):
+def _(gout, ghv, q, k, v, kb, km, shaw, qv, table, bias, out, lse, hv, filt, scale, c, soff, xbase, value, block,
+      bias_grad):
     like = lambda x: q.new_empty(0) if x is None else torch.empty_like(x)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), like(kb), like(shaw), like(qv),
-            like(table))
+            like(table), like(bias if bias_grad else None))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, kb, km, shaw, qv, table, *params = inputs
+    q, k, v, kb, km, shaw, qv, table, bias, *params = inputs
     ctx.params = params
-    ctx.save_for_backward(q, k, v, kb, km, shaw, qv, table, *output)
+    ctx.save_for_backward(q, k, v, kb, km, shaw, qv, table, bias, *output)
 
 
-def _backward(ctx, gout, glse):
-    q, k, v, kb, km, shaw, qv, table, out, lse = ctx.saved_tensors
-    dq, dk, dv, dkb, dshaw, dqv, dtable = flash_backward(gout, q, k, v, kb, km, shaw, qv, table, out, lse,
-                                                         *ctx.params)
+def _backward(ctx, gout, glse, ghv):
+    q, k, v, kb, km, shaw, qv, table, bias, out, lse, hv = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[8]
+    grads = flash_backward(gout, ghv if ghv is not None and hv.numel() else None, q, k, v, kb, km, shaw, qv, table,
+                           bias, out, lse, hv, *ctx.params, bias_grad)
+    dq, dk, dv, dkb, dshaw, dqv, dtable, dbias = grads
     keep = lambda g, x: None if x is None else g
-    return (dq, dk, dv, keep(dkb, kb), None, keep(dshaw, shaw), keep(dqv, qv), keep(dtable, table)) + \
-        (None,) * len(ctx.params)
+    return (dq, dk, dv, keep(dkb, kb), None, keep(dshaw, shaw), keep(dqv, qv), keep(dtable, table),
+            dbias if bias_grad else None) + (None,) * len(ctx.params)
 
 
 flash_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _block(p: Problem, block: int | None) -> int:
+    """Rows and keys per tile: ``block``, else 64 on CUDA and 16 under the interpreter."""
+    return block or (16 if p.q.device.type == "cpu" else 64)
 
 
 def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None) -> Tensor:
@@ -295,8 +332,11 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
 
     b, h, tq, tk = p.shape
     dtype = p.q.dtype
+    tf, km = tile_filter(p)
+    if km is not None:
+        km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
     if has_squared_form(p.kernel):
-        return triton_squared_smoother(p, *_filter(p), block or (16 if p.q.device.type == "cpu" else 64))
+        return triton_squared_smoother(p, tf, km, _block(p, block))
     qf, kf, scale, kbias = sdpa_features(p, key_bias)
     t = p.terms
     kbs = [x for x in (kbias, None if t is None else t.key_bias) if x is not None]
@@ -304,26 +344,62 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     if kbs:
         kb = kbs[0] if len(kbs) == 1 else kbs[0] + kbs[1]
         kb = kb.float().expand(b, h, 1, tk).reshape(b, h, tk).contiguous()
-    mode, km = _filter(p)
-    if km is not None:
-        km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
-    c = soff = xbase = 0
-    shaw = qv = table = None
+    c, soff = _shaw_terms(p) or (0, 0)
+    xbase = 0
+    shaw = qv = table = bias = values = None
     if t is not None and t.relative:
-        logits, index = t.relative[0]
-        c, soff = _shaw_band(index, tq, tk, logits.shape[-1])
+        logits = t.relative[0][0]
         shaw = logits.float().expand(b, h, tq, logits.shape[-1]).contiguous()
+    if t is not None and t.value:
+        values = t.value[0][0]
     if t is not None and t.relative_factors:
         q_side, tab, index = t.relative_factors[0]
         xbase = toeplitz_base(index)
         qv = q_side.to(dtype).expand(b, h, tq, q_side.shape[-1]).contiguous()
         table = tab.to(dtype).contiguous()
-    if block is None:
-        block = 16 if p.q.device.type == "cpu" else 64
-    out, _ = flash_forward(qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), p.v.contiguous(), kb, km, shaw,
-                           qv, table, mode, tk - tq, p.filter.window if mode == LOCAL else 0, float(scale), c, soff,
-                           xbase, block)
+    if t is not None and t.bias is not None:
+        bias = t.bias.float()
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    out, _, hv = flash_forward(qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), p.v.contiguous(), kb, km, shaw,
+                               qv, table, bias, tf.args(), float(scale), c, soff, xbase, values is not None,
+                               _block(p, block))
+    if values is not None:  # sum_j P_ij a^V[idx_ij] = Hv_i a^V
+        out = out + torch.matmul(hv.to(dtype), values.to(dtype))
     return out
+
+
+def filter_mask(p: Problem, block: int | None = None, by_keys: bool = False) -> Tensor:
+    """(B, H, Tq, Tk) bool: the pairs that the kernels keep under ``p``'s filter, False in the tiles they skip,
+    walking the tiles per query tile (the forward's walk) or, with ``by_keys``, per key tile (the backward's
+    for the keys).  For tests: it forms the (Tq, Tk) mask that the kernels never do."""
+    b, h, tq, tk = p.shape
+    block = _block(p, block)
+    tf, km = tile_filter(p)
+    mode, off, lo, hi, pattern, stride, c = tf.args()
+    keep = torch.zeros(b, h, tq, tk, dtype=torch.int8, device=p.q.device)
+    if km is not None:
+        km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
+    _kernels().filter_keep[(_cdiv(tk if by_keys else tq, block), b * h)](
+        _or(km, keep), keep, tq, tk, off, lo, hi, stride, c, MODE=mode, PAT=pattern, HAS_KM=km is not None,
+        BY_KEYS=by_keys, BM=block, BN=block)
+    return keep.bool()
+
+
+def _describe_filter(tf: TileFilter, km: Tensor | None) -> str:
+    """The filter and the tiles it skips, in words."""
+    names = [n for n in dict.fromkeys(tf.names) if n != "padding"]
+    name = " & ".join(names) or ("" if km is not None else "full")
+    padding = (" with padding" if names else "padding") if km is not None else ""
+    skip = []
+    if tf.banded:
+        skip.append("tiles past the diagonal skipped" if tf.lo == 0 and tf.hi is None else
+                    "tiles outside the window skipped" if tf.lo == -tf.hi else "tiles outside the band skipped")
+    if tf.pattern in (STRIDED, FIXED):
+        skip.append(f"tiles that the {'strided' if tf.pattern == STRIDED else 'fixed'} pattern never keeps skipped"
+                    f" and its pairs computed from their indices")
+    if km is not None:
+        skip.append("key tiles of padding skipped")
+    return f"filter {name}{padding}" + "".join(", " + s for s in skip)
 
 
 @BACKENDS.register("triton", [
@@ -353,12 +429,14 @@ class TritonBackend(Backend):
         return None
 
     def describe(self, p: Problem) -> str:
-        block = self.block or (16 if p.q.device.type == "cpu" else 64)
+        block = _block(p, self.block)
         t = p.terms
         parts = [f"Triton flash kernels in {block}x{block} tiles on {p.kernel.name} features"]
         if has_squared_form(p.kernel):
             parts = [f"Triton kernels in {block}x{block} tiles on {p.kernel.name}'s squared form: "
                      f"(q'·k')^2 + eps times a per-key factor, summed in float32 and normalised as k / sum k"]
+            if getattr(p.kernel, "drops_magnitude", False):
+                parts.append("magnitude dropout drawn per pair from the call's seed, again in the backward")
         kb = sdpa_layout(p.kernel, self.key_bias) == "bias" or (t is not None and t.key_bias is not None)
         if kb:
             parts.append("a key bias")
@@ -366,14 +444,13 @@ class TritonBackend(Backend):
             parts.append("concatenated positional features")
         if t is not None and t.relative:
             parts.append("Shaw's table gathered per tile")
+        if t is not None and t.value:
+            parts.append("Shaw's value table from each row's weights summed per table row")
         if t is not None and t.relative_factors:
             parts.append("Transformer-XL's term from the R rows each tile meets")
-        mode, km = _filter(p)
-        skip = {FULL: "", CAUSAL: ", tiles past the diagonal skipped", LOCAL: ", tiles outside the window skipped"}
-        padding = (" with padding" if mode != FULL else "padding") if km is not None else ""
-        name = "" if mode == FULL and km is not None else _MODE_NAMES[mode]
-        return ", ".join(parts) + f"; filter {name}{padding}{skip[mode]}" + (
-            ", key tiles of padding skipped" if km is not None else "")
+        if t is not None and t.bias is not None:
+            parts.append("a float mask or bias read per tile")
+        return ", ".join(parts) + "; " + _describe_filter(*tile_filter(p))
 
     def run(self, p: Problem):
         return triton_smoother(p, self.key_bias, self.block), None

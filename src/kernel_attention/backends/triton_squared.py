@@ -11,15 +11,21 @@ normalised as k / sum k (no soft-max), c_i cancelling.  As on the CPU's ``square
 (0 for a row with no kept key).  N and its gradients for q', k', V' are Triton kernels over tiles
 (:mod:`~kernel_attention.backends.triton_squared_kernels`), registered as two operators with fake
 implementations (``kernel_attention::triton_squared_forward``, ``::triton_squared_backward``); no (Tq, Tk)
-tensor is formed.  The filter (full, causal, local, each with or without padding) is the one of the
-exp-family kernels (:func:`~kernel_attention.backends.triton_flash.triton_why_not`), with the same tile
+tensor is formed.  The filter (an intersection of a band, a sparse pattern and padding,
+:mod:`~kernel_attention.backends.triton_filters`) is the one of the exp-family kernels, with the same tile
 skipping.
+
+**Magnitude dropout** (training with ``magnitude_dropout`` > 0): k_ij = (s_ij^2 + eps) · exp(D_ij (a_i + m_j)),
+D drawn per pair in the kernels from the call's seed (``SquaredForm.seed``) at the pair's offset, the same in
+the forward and both backward kernels; the kernels sum the kept pairs on V' and the dropped ones on V1 = [v, 1],
+and the rows combine them as the CPU path does (:func:`~kernel_attention.backends.squared.squared_smoother`).
+The masks differ from the CPU paths' for one seed (another generator); their distribution is the same.
+:func:`magnitude_keep_mask` forms D for tests.
 
 **Range.**  m is masked to the keys some query keeps and its spread (max - min) must be at most
 :data:`~kernel_attention.backends.squared.MAX_SPREAD`, as on the CPU path: the check reads the spread back
 to the host, so it is not made while ``torch.compile`` traces (the path refuses there).  float16 is refused
-(its exponent range does not hold eps · e^-MAX_SPREAD).  Magnitude dropout (training with
-``magnitude_dropout`` > 0) is not drawn in these kernels.
+(its exponent range does not hold eps · e^-MAX_SPREAD).
 """
 
 from __future__ import annotations
@@ -31,11 +37,11 @@ from torch import Tensor
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.squared import MAX_SPREAD, key_spread
-from kernel_attention.kernels.capabilities import has_squared_form
+from kernel_attention.backends.triton_filters import TileFilter, kept_keys
 
-__all__ = ["squared_why_not", "kept_key_log", "squared_forward", "squared_backward", "triton_squared_smoother"]
+__all__ = ["squared_why_not", "kept_key_log", "squared_forward", "squared_backward", "triton_squared_smoother",
+           "magnitude_keep_mask"]
 
-FULL, CAUSAL, LOCAL = 0, 1, 2  # the sequence filter (triton_kernels' MODE)
 _DTYPES = (torch.float32, torch.bfloat16)
 _KERNELS = None
 
@@ -58,39 +64,30 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def kept_key_log(p: Problem, mode: int, km: Tensor | None) -> Tensor:
-    """The kernel's per-key log factor m (B, H, Tk), -inf at the keys no query keeps under the sequence filter
-    ``mode`` and the key mask ``km`` (B|1, H|1, 1, Tk) bool or None; formed from the key positions alone, no
+def kept_key_log(p: Problem, tf: TileFilter, km: Tensor | None) -> Tensor:
+    """The kernel's per-key log factor m (B, H, Tk), -inf at the keys no query keeps under the band and pattern
+    ``tf`` and the key mask ``km`` (B|1, H|1, 1, Tk) bool or None; formed from the key positions alone, no
     (Tq, Tk) mask."""
     b, h, tq, tk = p.shape
     m = p.kernel.squared_key_log(p.k).expand(b, h, tk)
-    j = torch.arange(tk, device=m.device)
-    kept = torch.ones(tk, dtype=torch.bool, device=m.device) if tq > 0 else torch.zeros_like(j, dtype=torch.bool)
-    if mode == LOCAL:
-        off, win = tk - tq, p.filter.window
-        kept = kept & (j >= off - win) & (j <= tq - 1 + off + win)
-    if mode == CAUSAL:
-        kept = kept & (j <= tq - 1 + tk - tq)
+    kept = kept_keys(tf, tq, tk, m.device)
     if km is not None:
         kept = kept & km.reshape(km.shape[0], km.shape[1], tk)
     return m.masked_fill(~kept, float("-inf"))
 
 
-def squared_why_not(p: Problem, mode: int, km: Tensor | None) -> str | None:
-    """None when the squared path runs ``p`` (a kernel with :class:`SquaredForm`, the filter already checked);
-    otherwise why not."""
+def squared_why_not(p: Problem, tf: TileFilter, km: Tensor | None) -> str | None:
+    """None when the squared path runs ``p`` (a kernel with :class:`SquaredForm`, the filter already read as
+    ``tf`` and ``km``); otherwise why not."""
     t = p.terms
     if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
                           or t.key_bias is not None or t.q_feat is not None):
         return "the squared form (implicit kernels) takes no positional terms: they enter log k"
-    if getattr(p.kernel, "drops_magnitude", False):
-        return ("magnitude dropout (training with magnitude_dropout > 0) is not drawn in its squared-form "
-                "kernels; use eval mode, magnitude_dropout=0 or backend='squared'")
     if p.q.dtype not in _DTYPES:
         return f"dtype {p.q.dtype}: the squared form takes float32 or bfloat16 (eps · e^-{MAX_SPREAD:g} underflows)"
     if torch.compiler.is_compiling():
         return "the squared form's key-log range is read back to the host, which torch.compile does not trace"
-    spread = key_spread(kept_key_log(p, mode, km))
+    spread = key_spread(kept_key_log(p, tf, km))
     if spread > MAX_SPREAD:
         return (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its exponentials "
                 f"would underflow")
@@ -98,75 +95,95 @@ def squared_why_not(p: Problem, mode: int, km: Tensor | None) -> str | None:
 
 
 # The kernels as two operators with fake implementations.  Inputs are contiguous: fq (B, H, Tq, F), fk (B, H,
-# Tk, F), vw (B, H, Tk, W) of one dtype; km (B, H, Tk) int8 or None; n and dn (B, H, Tq, W) float32.
+# Tk, F), vw (B, H, Tk, W) and, with magnitude dropout, v1 (B, H, Tk, W), of one dtype; km (B, H, Tk) int8 or
+# None; ``filt`` is TileFilter.args(); n and dn (B, H, Tq, W), or (B, H, Tq, 2W) with dropout, float32.
 
-def _launch(fq, fk, vw, km, mode, off, win, eps, block) -> dict:
-    return dict(Tq=fq.shape[2], Tk=fk.shape[2], F=fq.shape[-1], W=vw.shape[-1], eps=eps, OFF=off, WIN=win,
-                MODE=mode, HAS_KM=km is not None, PREC="ieee" if fq.dtype == torch.float32 else "tf32",
+def _launch(fq, fk, vw, km, filt, eps, drop, seed, block) -> dict:
+    mode, off, lo, hi, pattern, stride, c = filt
+    return dict(Tq=fq.shape[2], Tk=fk.shape[2], F=fq.shape[-1], W=vw.shape[-1], eps=eps, drop=drop, seed=seed,
+                OFF=off, DLO=lo, DHI=hi, STRIDE=stride, SC=c, MODE=mode, PAT=pattern, HAS_KM=km is not None,
+                HAS_DROP=drop > 0, PREC="ieee" if fq.dtype == torch.float32 else "tf32",
                 BM=block, BN=block, BF=_pow2(fq.shape[-1]), BW=_pow2(vw.shape[-1]),
                 num_warps=8 if block > 64 else 4)
 
 
 @torch.library.custom_op("kernel_attention::triton_squared_forward", mutates_args=())
-def squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, km: Optional[Tensor], mode: int, off: int, win: int,
-                    eps: float, block: int) -> Tensor:
-    """N (B, H, Tq, W) float32: N_i = sum_j (<fq_i, fk_j>^2 + eps) M_ij vw_j."""
+def squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor], filt: list[int],
+                    eps: float, drop: float, seed: int, block: int) -> Tensor:
+    """N (B, H, Tq, W) float32: N_i = sum_j (<fq_i, fk_j>^2 + eps) M_ij vw_j; with ``drop`` > 0, [N1, N2]
+    (B, H, Tq, 2W), the pairs whose magnitude is kept on vw and the dropped ones on v1."""
     b, h, tq, _ = fq.shape
-    n = torch.empty(b, h, tq, vw.shape[-1], dtype=torch.float32, device=fq.device)
+    width = vw.shape[-1] * (2 if drop > 0 else 1)
+    n = torch.empty(b, h, tq, width, dtype=torch.float32, device=fq.device)
     _kernels().squared_forward[(_cdiv(tq, block), b * h)](
-        fq, fk, vw, fq if km is None else km, n, **_launch(fq, fk, vw, km, mode, off, win, eps, block))
+        fq, fk, vw, vw if v1 is None else v1, fq if km is None else km, n,
+        **_launch(fq, fk, vw, km, filt, eps, drop, seed, block))
     return n
 
 
 @squared_forward.register_fake
-def _(fq, fk, vw, km, mode, off, win, eps, block):
+def _(fq, fk, vw, v1, km, filt, eps, drop, seed, block):
     b, h, tq, _ = fq.shape
-    return fq.new_empty(b, h, tq, vw.shape[-1], dtype=torch.float32)
+    return fq.new_empty(b, h, tq, vw.shape[-1] * (2 if drop > 0 else 1), dtype=torch.float32)
 
 
 @torch.library.custom_op("kernel_attention::triton_squared_backward", mutates_args=())
-def squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, km: Optional[Tensor], mode: int, off: int,
-                     win: int, eps: float, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(dfq, dfk, dvw), the gradients of :func:`squared_forward`'s inputs given dN."""
+def squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor],
+                     filt: list[int], eps: float, drop: float, seed: int,
+                     block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dfq, dfk, dvw, dv1), the gradients of :func:`squared_forward`'s inputs given dN (dv1 empty without
+    dropout)."""
     kern = _kernels()
     b, h, tq, _ = fq.shape
     tk = fk.shape[2]
     dn = dn.float().contiguous()
-    args = _launch(fq, fk, vw, km, mode, off, win, eps, block)
+    args = _launch(fq, fk, vw, km, filt, eps, drop, seed, block)
     kmp = fq if km is None else km
     dfq, dfk, dvw = torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(vw)
-    kern.squared_backward_kv[(_cdiv(tk, block), b * h)](fq, fk, vw, kmp, dn, dfk, dvw, **args)
-    kern.squared_backward_q[(_cdiv(tq, block), b * h)](fq, fk, vw, kmp, dn, dfq, **args)
-    return dfq, dfk, dvw
+    dv1 = fq.new_empty(0) if v1 is None else torch.empty_like(v1)
+    v1p = vw if v1 is None else v1
+    kern.squared_backward_kv[(_cdiv(tk, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfk, dvw,
+                                                        dvw if v1 is None else dv1, **args)
+    kern.squared_backward_q[(_cdiv(tq, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfq, **args)
+    return dfq, dfk, dvw, dv1
 
 
 @squared_backward.register_fake
-def _(dn, fq, fk, vw, km, mode, off, win, eps, block):
-    return torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(vw)
+def _(dn, fq, fk, vw, v1, km, filt, eps, drop, seed, block):
+    return (torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(vw),
+            fq.new_empty(0) if v1 is None else torch.empty_like(v1))
 
 
 def _setup_context(ctx, inputs, output):
-    fq, fk, vw, km, *params = inputs
+    fq, fk, vw, v1, km, *params = inputs
     ctx.params = params
-    ctx.save_for_backward(fq, fk, vw, km)
+    ctx.save_for_backward(fq, fk, vw, v1, km)
 
 
 def _backward(ctx, dn):
-    fq, fk, vw, km = ctx.saved_tensors
-    dfq, dfk, dvw = squared_backward(dn, fq, fk, vw, km, *ctx.params)
-    return (dfq, dfk, dvw, None) + (None,) * len(ctx.params)
+    fq, fk, vw, v1, km = ctx.saved_tensors
+    dfq, dfk, dvw, dv1 = squared_backward(dn, fq, fk, vw, v1, km, *ctx.params)
+    return (dfq, dfk, dvw, None if v1 is None else dv1, None) + (None,) * len(ctx.params)
 
 
 squared_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def triton_squared_smoother(p: Problem, mode: int, km: Tensor | None, block: int) -> Tensor:
+def _ratio(n: Tensor) -> Tensor:
+    """n[..., :-1] / n[..., -1:], 0 for a row with no key (its numerator is 0 too; dividing by 1 there keeps the
+    gradient finite)."""
+    num, den = n[..., :-1], n[..., -1:]
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def triton_squared_smoother(p: Problem, tf: TileFilter, km: Tensor | None, block: int) -> Tensor:
     """The output (B, H, Tq, Dv) of ``p``, a kernel with :class:`SquaredForm`, differentiable in q, k, v and
-    the kernel's parameters (module docstring); ``mode`` and ``km`` (B|1, H|1, 1, Tk) bool or None: the filter
-    (:func:`~kernel_attention.backends.triton_flash._filter`)."""
+    the kernel's parameters (module docstring); ``tf`` and ``km`` (B, H, Tk) int8 or None: the filter
+    (:func:`~kernel_attention.backends.triton_filters.tile_filter`)."""
     b, h, tq, tk = p.shape
     v = p.v
-    form = p.kernel.squared_form(p.q, p.k, key_log=kept_key_log(p, mode, km))
+    keep = None if km is None else km.view(b, h, 1, tk).bool()
+    form = p.kernel.squared_form(p.q, p.k, key_log=kept_key_log(p, tf, keep))
     m = form.key_log.to(v.dtype)
     top = m.amax(-1, keepdim=True).detach()
     top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # a slice that keeps no key
@@ -174,10 +191,31 @@ def triton_squared_smoother(p: Problem, mode: int, km: Tensor | None, block: int
     vw = torch.cat([v * w, w.expand(*v.shape[:-1], 1)], -1).expand(b, h, tk, v.shape[-1] + 1).contiguous()
     fq = form.q.to(v.dtype).expand(b, h, tq, form.q.shape[-1]).contiguous()
     fk = form.k.to(v.dtype).expand(b, h, tk, form.k.shape[-1]).contiguous()
-    if km is not None:
-        km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
-    n = squared_forward(fq, fk, vw, km, mode, tk - tq, p.filter.window if mode == LOCAL else 0, float(form.eps),
-                        block)
-    num, den = n[..., :-1], n[..., -1:]
-    # 0 for a row with no kept key (then num = 0 too; dividing by 1 there keeps the gradient finite)
-    return (num / torch.where(den > 0, den, torch.ones_like(den))).to(v.dtype)
+    v1 = None
+    if form.drop:
+        if form.query_log is None:
+            raise ValueError("SquaredForm with drop > 0 needs query_log: the dropped pairs lose the query's factor")
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1).expand(b, h, tk, v.shape[-1] + 1).contiguous()
+    n = squared_forward(fq, fk, vw, v1, km, tf.args(), float(form.eps), float(form.drop), int(form.seed), block)
+    if not form.drop:
+        return _ratio(n).to(v.dtype)
+    # the kept pairs' share against the dropped pairs' per row, as squared.squared_smoother combines them
+    n1, n2 = n[..., :vw.shape[-1]], n[..., vw.shape[-1]:]
+    d1, d2 = n1[..., -1:], n2[..., -1:]
+    tiny = torch.finfo(n.dtype).tiny
+    c = (form.query_log.to(n.dtype) + top.to(n.dtype)).unsqueeze(-1)
+    logit = c + d1.clamp_min(tiny).log() - d2.clamp_min(tiny).log()
+    logit = torch.where(d2 > 0, torch.where(d1 > 0, logit, float("-inf")), float("inf"))
+    r2 = _ratio(n2)
+    return (r2 + torch.sigmoid(logit) * (_ratio(n1) - r2)).to(v.dtype)
+
+
+def magnitude_keep_mask(seed: int, drop: float, shape, device=None) -> Tensor:
+    """(B, H, Tq, Tk) bool: where the squared-form kernels keep a pair's magnitude for a call seeded by ``seed``
+    with magnitude dropout ``drop`` (the mask they draw per tile and never store; for tests)."""
+    b, h, tq, tk = shape
+    keep = torch.zeros(b, h, tq, tk, dtype=torch.int8, device=device)
+    block = 16
+    _kernels().magnitude_keep[(_cdiv(tq, block), _cdiv(tk, block), b * h)](keep, tq, tk, float(drop), int(seed),
+                                                                           BM=block, BN=block)
+    return keep.bool()
