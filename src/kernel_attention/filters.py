@@ -47,6 +47,8 @@ class Filter:
     name = "filter"
     kind: str | None = None
     needs_key_mask = False
+    #: each query's kept keys are one range of positions (so the intersection of two such filters is one too)
+    contiguous = False
 
     @property
     def by_spec(self) -> bool:
@@ -57,6 +59,12 @@ class Filter:
     def mask(self, tq: int, tk: int, device=None, key_mask: Tensor | None = None) -> Tensor:
         """Boolean (Tq, Tk) or (B, 1, Tq, Tk); True = the key takes part."""
         raise NotImplementedError
+
+    def row_bounds(self, tq: int, tk: int, device=None) -> tuple[Tensor, Tensor] | None:
+        """``(lo, hi)``, (Tq,) int64 each: per query, the first kept key and one past the last (lo >= hi: the
+        query keeps none), read off the filter's rule without forming its (Tq, Tk) mask; None where the rule
+        does not give them (a mask tensor, padding).  What a block plan and ``explain`` need of a mask."""
+        return None
 
     def __and__(self, other: "Filter") -> "Filter":
         return And(self, make_filter(other))
@@ -75,6 +83,21 @@ def _grid(tq: int, tk: int, device) -> tuple[Tensor, Tensor]:
     return p, j
 
 
+def _positions(tq: int, tk: int, device) -> Tensor:
+    """Aligned query positions p, (Tq,) int64."""
+    return torch.arange(tk - tq, tk, device=device)
+
+
+def _clip(lo: Tensor, hi: Tensor, tk: int) -> tuple[Tensor, Tensor]:
+    return lo.clamp(0, tk), hi.clamp(0, tk)
+
+
+def _causal_rows(p: Tensor, lo: Tensor, tk: int) -> tuple[Tensor, Tensor]:
+    """Bounds of a subset of the causal set that keeps the diagonal: ``lo`` to p; none for p < 0."""
+    keeps = p >= 0
+    return _clip(torch.where(keeps, lo, 0), torch.where(keeps, p + 1, 0), tk)
+
+
 FILTERS = Registry("filter", base=Filter)
 
 
@@ -83,9 +106,13 @@ class Full(Filter):
     """Every key takes part (encoder self-attention)."""
 
     name, kind = "full", "full"
+    contiguous = True
 
     def mask(self, tq, tk, device=None, key_mask=None):
         return torch.ones(tq, tk, dtype=torch.bool, device=device)
+
+    def row_bounds(self, tq, tk, device=None):
+        return torch.zeros(tq, dtype=torch.long, device=device), torch.full((tq,), tk, device=device)
 
 
 @FILTERS.register("padding")
@@ -124,6 +151,10 @@ class Cross(Padding):
 
     name = "cross"
     needs_key_mask = False
+    contiguous = True
+
+    def row_bounds(self, tq, tk, device=None):
+        return Full.row_bounds(self, tq, tk, device) if self.key_mask is None else None
 
     def mask(self, tq, tk, device=None, key_mask=None):
         if self.key_mask is None and key_mask is None:
@@ -136,10 +167,15 @@ class Causal(Filter):
     """Decoder self-attention S_1: key j is kept when j <= p (lower-right aligned)."""
 
     name, kind = "causal", "causal"
+    contiguous = True
 
     def mask(self, tq, tk, device=None, key_mask=None):
         p, j = _grid(tq, tk, device)
         return j <= p
+
+    def row_bounds(self, tq, tk, device=None):
+        p = _positions(tq, tk, device)
+        return _clip(torch.zeros_like(p), p + 1, tk)
 
 
 @FILTERS.register("memory", [
@@ -157,6 +193,7 @@ class Memory(Filter):
     """
 
     name = "memory"
+    contiguous = True
 
     def __init__(self, same_length: bool = False, mem_len: int | None = None):
         self.same_length, self.mem_len = same_length, mem_len
@@ -175,6 +212,14 @@ class Memory(Filter):
             keep = keep & (j > i - shift)
         return keep
 
+    def row_bounds(self, tq, tk, device=None):
+        p = _positions(tq, tk, device)
+        if not self.same_length:
+            return _clip(torch.zeros_like(p), p + 1, tk)
+        mask_len = tk - (tk - tq if self.mem_len is None else self.mem_len)
+        shift = tq - mask_len if mask_len > 0 else tq
+        return _clip(torch.arange(tq, device=device) - shift + 1, p + 1, tk)
+
     def __repr__(self):
         return f"memory(same_length={self.same_length}, mem_len={self.mem_len})"
 
@@ -185,6 +230,7 @@ class Local(Filter):
     one-sided window)."""
 
     name = "local"
+    contiguous = True
 
     def __init__(self, window: int):
         self.window = window
@@ -193,6 +239,10 @@ class Local(Filter):
         p, j = _grid(tq, tk, device)
         # comparisons of the (Tq, 1) and (1, Tk) positions: one byte per pair, no (Tq, Tk) int64 distances
         return (j >= p - self.window) & (j <= p + self.window)
+
+    def row_bounds(self, tq, tk, device=None):
+        p = _positions(tq, tk, device)
+        return _clip(p - self.window, p + self.window + 1, tk)
 
     def __repr__(self):
         return f"local(window={self.window})"
@@ -212,6 +262,12 @@ class Strided(Filter):
         p, j = _grid(tq, tk, device)
         # (p - j) % stride == 0 as p % stride == j % stride: bool (Tq, Tk) only, no int64 distances
         return (j <= p) & ((j > p - self.stride) | (p % self.stride == j % self.stride))
+
+    def row_bounds(self, tq, tk, device=None):
+        # the first kept key: p mod stride (the pattern's earliest) or the recent window's start
+        p = _positions(tq, tk, device)
+        lo = torch.minimum(p.remainder(self.stride), (p - self.stride + 1).clamp(min=0))
+        return _causal_rows(p, lo, tk)
 
     def __repr__(self):
         return f"strided(stride={self.stride})"
@@ -237,6 +293,14 @@ class Fixed(Filter):
         same_block = (j // self.stride) == (p // self.stride)
         summary = (j % self.stride) >= (self.stride - self.c)
         return (j <= p) & (same_block | summary)
+
+    def row_bounds(self, tq, tk, device=None):
+        # the first kept key: the query's block start, or the first summary cell (stride - c) when it is behind p
+        p = _positions(tq, tk, device)
+        start = p.div(self.stride, rounding_mode="floor") * self.stride
+        first = self.stride - self.c
+        lo = torch.where(p >= first, start.clamp(max=first), start)
+        return _causal_rows(p, lo, tk)
 
     def __repr__(self):
         return f"fixed(stride={self.stride}, c={self.c})"
@@ -286,9 +350,19 @@ class And(_Combined):
         # full & X == X, so the intersection keeps the other side's kind.
         self.kind = (kinds - {"full"}).pop() if "full" in kinds and len(kinds) == 2 else (
             a.kind if a.kind == b.kind else None)
+        self.contiguous = a.contiguous and b.contiguous
 
     def mask(self, tq, tk, device=None, key_mask=None):
         return self.a.mask(tq, tk, device, key_mask) & self.b.mask(tq, tk, device, key_mask)
+
+    def row_bounds(self, tq, tk, device=None):
+        # full & X is X; two ranges intersect in a range; other intersections are not told by their bounds
+        if "full" in (self.a.kind, self.b.kind):
+            return (self.b if self.a.kind == "full" else self.a).row_bounds(tq, tk, device)
+        a, b = self.a.row_bounds(tq, tk, device), self.b.row_bounds(tq, tk, device)
+        if a is None or b is None or not self.contiguous:
+            return None
+        return torch.maximum(a[0], b[0]), torch.minimum(a[1], b[1])
 
 
 class Or(_Combined):
@@ -302,6 +376,16 @@ class Or(_Combined):
 
     def mask(self, tq, tk, device=None, key_mask=None):
         return self.a.mask(tq, tk, device, key_mask) | self.b.mask(tq, tk, device, key_mask)
+
+    def row_bounds(self, tq, tk, device=None):
+        # a union's first and last kept keys are those of the side that keeps any, the extremes of both
+        a, b = self.a.row_bounds(tq, tk, device), self.b.row_bounds(tq, tk, device)
+        if a is None or b is None:
+            return None
+        (la, ha), (lb, hb) = a, b
+        ea, eb = la >= ha, lb >= hb
+        lo = torch.minimum(la.masked_fill(ea, tk), lb.masked_fill(eb, tk))
+        return lo, torch.maximum(ha.masked_fill(ea, 0), hb.masked_fill(eb, 0))
 
 
 def make_filter(spec) -> Filter:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 
 import torch
@@ -141,10 +142,12 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
 
 
 def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
-                 is_causal: bool = False) -> tuple[Tensor | None, Tensor | None, Filter | None]:
+                 is_causal: bool = False, defer: bool = False) -> tuple[Tensor | None, Tensor | None, Filter | None]:
     """Turn ``mask`` (None | bool tensor | float tensor | Filter | name) into
     (bool keep mask or None, float bias or None, the filter or None), all broadcastable to
-    (B, H, Tq, Tk).  Raises when a tensor does not broadcast."""
+    (B, H, Tq, Tk).  Raises when a tensor does not broadcast.  ``defer``: the keep mask of a filter that is
+    a function of its spec alone (no key mask, no tensor of its own) is returned as a function that forms it,
+    so that a caller that only describes the call (``explain``) never forms the (Tq, Tk) tensor."""
     b, h, tq, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     bias = None
     filt = None
@@ -163,6 +166,9 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
                              f"{tuple(key_mask.shape)} {key_mask.dtype}")
     keep = None
     if filt is not None and not (filt.kind == "full" and key_mask is None):
+        if defer and key_mask is None and filt.by_spec and not torch.compiler.is_compiling():
+            return functools.partial(_filter_mask, filt, tq, tk, q.device, None), check_float_mask(
+                "float mask", bias, q, k), filt
         keep = _filter_mask(filt, tq, tk, q.device, key_mask)
     if key_mask is not None and not (filt is not None and filt.needs_key_mask):
         km = key_mask[:, None, None, :]
@@ -249,16 +255,20 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
 
 def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
                   key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
-                  terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False):
+                  terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
+                  defer_mask: bool = False):
     """Check the inputs and resolve the kernel, filter and additive terms into a backend
-    :class:`~kernel_attention.backends.Problem` (the arguments are those of :func:`attention`)."""
+    :class:`~kernel_attention.backends.Problem` (the arguments are those of :func:`attention`).
+    ``defer_mask``: a structured filter's (Tq, Tk) mask is formed only when a backend reads ``keep``
+    (``explain`` and ``choose_backend``, which describe from the filter's kind and row bounds)."""
     from kernel_attention.backends import Problem
 
     check_inputs(q, k, v)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     kern = _from_spec("kernel", kernel, make_kernel, _stateless)
-    keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal)
+    keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal, defer=defer_mask)
+    keep, keep_fn = (None, keep) if callable(keep) else (keep, None)
     bias = check_float_mask("bias", bias, q, k)
     extra = [x for x in (float_mask, bias) if x is not None]
     if extra:
@@ -266,7 +276,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
         total = sum(extra[1:], extra[0])
         terms = dataclasses.replace(terms, bias=total if terms.bias is None else terms.bias + total)
     return Problem(q, k, v, kern, keep=keep, filter=filt, key_mask=key_mask, terms=terms,
-                   dropout_p=dropout_p, need_weights=need_weights)
+                   dropout_p=dropout_p, need_weights=need_weights, keep_fn=keep_fn)
 
 
 def choose_backend(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
@@ -275,7 +285,7 @@ def choose_backend(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp"
     backend, why it was or was not chosen.  Runs no attention."""
     from kernel_attention.backends import choose
 
-    c = choose(build_problem(q, k, v, kernel, mask, **kwargs), backend)
+    c = choose(build_problem(q, k, v, kernel, mask, defer_mask=True, **kwargs), backend)
     return c.name, c.reasons
 
 
@@ -289,7 +299,11 @@ def explain(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=
           ...
           linear: filter local(window=8) is neither full, causal nor padding ...
           dense: chosen: materialises the (Tq, Tk) kernel matrix
+
+    A mask given by name is described from the filter's row bounds, not formed (``build_problem``'s
+    ``defer_mask``): memory O(Tq + Tk) for it, except where the squared backend checks a filter whose queries
+    keep more than one range of keys (strided, fixed, a union).
     """
     from kernel_attention.backends import choose
 
-    return choose(build_problem(q, k, v, kernel, mask, **kwargs), backend)
+    return choose(build_problem(q, k, v, kernel, mask, defer_mask=True, **kwargs), backend)

@@ -71,7 +71,7 @@ def banded_why_not(p: Problem) -> str | None:
     if (t is None or len(t.relative) != 1 or t.relative_factors or t.value or t.bias is not None
             or t.key_bias is not None or t.q_feat is not None):
         return "it runs Shaw's table (position='shaw') alone, without a value table or other terms"
-    if not (p.keep is None or p.causal):
+    if not (p.full or p.causal):
         return f"filter {p.filter!r} is neither full nor causal"
     if sdpa_layout(p.kernel) != "features":
         return f"kernel {p.kernel.name!r} has no SDPA features without a key bias"

@@ -18,6 +18,7 @@ filtered set is empty.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -28,7 +29,7 @@ from kernel_attention.registry import Registry
 from kernel_attention.smoother import PositionalTerms
 from kernel_attention.kernels.capabilities import sdpa_form
 
-__all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "key_only_mask"]
+__all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "key_only_mask", "row_bounds", "kept_keys"]
 
 
 @dataclasses.dataclass
@@ -37,7 +38,8 @@ class Problem:
     k: Tensor
     v: Tensor
     kernel: Kernel
-    keep: Tensor | None = None
+    #: the bool keep mask, or None for every key; a property (below) that forms it from ``keep_fn`` when first read
+    keep: Tensor | None = dataclasses.field(default=None, repr=False, compare=False)
     filter: Filter | None = None
     key_mask: Tensor | None = None
     terms: PositionalTerms | None = None
@@ -45,6 +47,9 @@ class Problem:
     need_weights: bool = False
     #: what a backend computed about this call while deciding, for its run (e.g. squared's per-key factor)
     memo: dict = dataclasses.field(default_factory=dict, repr=False)
+    #: forms ``keep`` when it is first read.  ``explain`` defers the (Tq, Tk) mask of a structured filter so:
+    #: the checks read the filter's kind and row bounds (:func:`row_bounds`) and the problem's shape instead
+    keep_fn: Callable[[], Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -63,14 +68,58 @@ class Problem:
         return self.filter is not None and self.filter.kind == "causal" and self.key_mask is None
 
     @property
+    def deferred(self) -> bool:
+        """The filter's mask is not formed yet (it is a (Tq, Tk) function of the filter's spec alone)."""
+        return self.__dict__.get("_keep") is None and self.keep_fn is not None
+
+    @property
     def full(self) -> bool:
         """Every key takes part for every query."""
-        return self.keep is None
+        return not self.deferred and self.keep is None
 
     @property
     def key_only(self) -> bool:
         """The mask depends on the key alone (padding): shape (..., 1, Tk)."""
+        if self.deferred:  # a (Tq, Tk) mask: of the key alone when there is one query
+            return self.shape[2] == 1
         return self.keep is not None and (self.keep.dim() < 2 or self.keep.shape[-2] == 1 or self.keep.stride(-2) == 0)
+
+
+def _get_keep(p: Problem) -> Tensor | None:
+    if p.deferred:
+        p.__dict__["_keep"], p.keep_fn = p.keep_fn(), None
+    return p.__dict__.get("_keep")
+
+
+def _set_keep(p: Problem, keep: Tensor | None) -> None:
+    p.__dict__["_keep"] = keep
+
+
+# Set after the dataclass is made: a property in the class body would be taken for the field's default.
+Problem.keep = property(_get_keep, _set_keep, doc="The bool keep mask (True = the key takes part), broadcastable "
+                        "to (B, H, Tq, Tk), or None for every key; formed by ``keep_fn`` when first read.")
+
+
+def row_bounds(p: Problem) -> tuple[Tensor, Tensor] | None:
+    """(lo, hi), (Tq,) each, of a deferred filter mask (:meth:`~kernel_attention.filters.Filter.row_bounds`),
+    or None: the mask is formed (or the filter does not tell its bounds)."""
+    if not p.deferred:
+        return None
+    return p.filter.row_bounds(p.shape[2], p.shape[3], p.q.device)
+
+
+def kept_keys(p: Problem) -> Tensor | None:
+    """(1, Tk) bool, True at the keys some query keeps, of a deferred mask whose filter keeps one range of keys
+    per query (the union of the rows' ranges); None otherwise (read ``keep`` instead)."""
+    bounds = row_bounds(p) if p.deferred and p.filter.contiguous else None
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    kept = lo < hi
+    ones = torch.ones(int(kept.sum()), dtype=torch.long, device=lo.device)
+    starts = torch.zeros(p.shape[3] + 1, dtype=torch.long, device=lo.device)
+    starts.index_add_(0, lo[kept], ones).index_add_(0, hi[kept], -ones)  # +1 where a range opens, -1 past its end
+    return (starts.cumsum(0)[:-1] > 0).unsqueeze(0)
 
 
 class Backend:

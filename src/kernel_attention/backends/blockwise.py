@@ -22,7 +22,7 @@ from __future__ import annotations
 from kernel_attention.backends import native
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, sdpa_features
 from kernel_attention.backends.blocked import blocked_spec
-from kernel_attention.backends.chunked import chunked_smoother, plan_blocks
+from kernel_attention.backends.chunked import block_spans, chunked_smoother, plan_blocks
 from kernel_attention.backends.policy import block_rows, policy
 from kernel_attention.backends.sdpa import shared_positions
 from kernel_attention.backends.sliced import SliceSpec, kept_blocks, relative_base, sliced_smoother
@@ -86,7 +86,7 @@ class BlockwiseBackend(Backend):
 
     def declines(self, p: Problem) -> str | None:
         pol, n, t = policy(p.q.device), p.pairs, p.terms
-        direct_filter = p.keep is None or p.causal or p.key_only
+        direct_filter = p.full or p.causal or p.key_only
         drops = getattr(p.kernel, "drops_magnitude", False)
         if drops and pol.dropout_blocked_elements is not None and n <= pol.dropout_blocked_elements:
             return (f"kernel {p.kernel.name!r} draws magnitude dropout (training); dense was faster up to "
@@ -108,7 +108,7 @@ class BlockwiseBackend(Backend):
 
     def describe(self, p: Problem) -> str:
         rows = self.rows(p)
-        blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], rows)[1]
+        blocks = block_spans(p, rows)
         mode = self._sliced(p)
         what = "log k per block" if sdpa_layout(p.kernel) is None else "SDPA features per block"
         text = f"{len(blocks)} block{'s' if len(blocks) != 1 else ''} of {rows} query rows, {what}"
@@ -121,7 +121,7 @@ class BlockwiseBackend(Backend):
             if off is None:
                 keeps = kept_blocks(blocks, p.shape[0], p.shape[1], self._kept(p))
                 text += f"; the forward keeps the logits of {sum(keeps)} of {len(keeps)} blocks for the backward"
-        elif p.keep is not None and not (p.keep is None or p.causal or p.key_only):
+        elif not (p.full or p.causal or p.key_only):
             kept = sum((r1 - r0) * (hi - lo) for r0, r1, lo, hi in blocks) / max(1, p.shape[2] * p.shape[3])
             text += f"; filter {p.filter!r}: blocks skip keys outside their span and compute {100 * kept:.0f}% of the pairs"
         return text

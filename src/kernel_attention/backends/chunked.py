@@ -27,10 +27,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import pad_last, sum_to
+from kernel_attention.backends.base import Problem, pad_last, row_bounds, sum_to
 from kernel_attention.dropout import keep_mask
 
-__all__ = ["ChunkSpec", "plan_blocks", "chunked_smoother"]
+__all__ = ["ChunkSpec", "plan_blocks", "block_spans", "chunked_smoother"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -90,6 +90,23 @@ def plan_blocks(keep: Tensor | None, tq: int, tk: int, rows: int) -> tuple[Tenso
         else:
             blocks.append((r0, r1, int(cols[0]), int(cols[-1]) + 1))
     return keep, blocks
+
+
+def block_spans(p: Problem, rows: int) -> list:
+    """The blocks of :func:`plan_blocks` for problem ``p``: from its filter's row bounds while its mask is
+    deferred (``explain``: no (Tq, Tk) tensor is formed), else from the mask."""
+    tq, tk = p.shape[2], p.shape[3]
+    bounds = row_bounds(p)
+    if bounds is None:
+        return plan_blocks(p.keep, tq, tk, rows)[1]
+    lo, hi = bounds
+    kept = lo < hi
+    n = -(-tq // rows)
+    pad = n * rows - tq  # rows past Tq keep nothing
+    first = torch.nn.functional.pad(lo.masked_fill(~kept, tk), (0, pad), value=tk).view(n, rows).amin(1)
+    last = torch.nn.functional.pad(hi.masked_fill(~kept, 0), (0, pad), value=0).view(n, rows).amax(1)
+    return [(i * rows, min(tq, (i + 1) * rows), a, b) if a < b else (i * rows, min(tq, (i + 1) * rows), 0, 0)
+            for i, (a, b) in enumerate(zip(first.tolist(), last.tolist()))]
 
 
 def _masked_bias(spec: ChunkSpec, bias: Tensor | None, rows: slice, cols: slice, like: Tensor):

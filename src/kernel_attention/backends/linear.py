@@ -46,8 +46,7 @@ def _structure(p: Problem):
     or causal & padding; None otherwise.  Told by the filter's kind where the problem has one (no value
     read, so it traces under ``torch.compile``); a bare mask tensor is read instead."""
     b, h, tq, tk = p.shape
-    keep = p.keep
-    if keep is None:
+    if p.full:
         return "full", None
     km = None if p.key_mask is None else p.key_mask[:, None, :, None]
     filt = p.filter
@@ -57,7 +56,7 @@ def _structure(p: Problem):
         return "causal", km
     if filt is not None and filt.by_spec:  # a mask of the filter's own spec: its kind said it all
         return None
-    return _structure_from_values(p, keep)
+    return _structure_from_values(p, p.keep)
 
 
 def _structure_from_values(p: Problem, keep):

@@ -61,7 +61,7 @@ class SdpaBackend(Backend):
                               or t.key_bias is not None):
             return "positional terms other than product's inner product (shaw, xl, float masks) enter log k per pair"
         b, h, tq, tk = p.shape
-        if not (p.keep is None or (p.causal and tq == tk) or p.key_only):
+        if not (p.full or (p.causal and tq == tk) or p.key_only):
             return f"filter {p.filter!r} is neither full, causal (Tq = Tk) nor padding"
         if layout == "bias" and (p.dropout_p > 0 or p.q.device.type != "cpu"):
             return "a key bias as the fused kernel's mask is differentiable on the CPU without dropout only"
@@ -82,7 +82,7 @@ class SdpaBackend(Backend):
     def describe(self, p: Problem) -> str:
         how = "key bias" if sdpa_layout(p.kernel, self.key_bias) == "bias" else "features"
         extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
-        mask = ", causal" if p.keep is not None and not p.key_only else (", padding mask" if p.keep is not None else "")
+        mask = ", causal" if not p.full and not p.key_only else (", padding mask" if not p.full else "")
         return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}"
 
     def run(self, p: Problem):

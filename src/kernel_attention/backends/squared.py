@@ -51,8 +51,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import BACKENDS, Backend, Problem
-from kernel_attention.backends.chunked import plan_blocks
+from kernel_attention.backends.base import BACKENDS, Backend, Problem, kept_keys
+from kernel_attention.backends.chunked import block_spans, plan_blocks
 from kernel_attention.backends.policy import block_rows, policy
 from kernel_attention.registry import Param
 from kernel_attention.dropout import block_seed, keep_mask
@@ -106,7 +106,8 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
         return None, "dropout acts on the soft-max weights"
     if p.q.dtype not in DTYPES:
         return None, f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
-    m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep)
+    keys = kept_keys(p)  # a structured filter's kept keys without its (Tq, Tk) mask, while explain describes
+    m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep if keys is None else keys)
     spread = key_spread(m)
     if spread > MAX_SPREAD:
         return None, (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its "
@@ -258,7 +259,7 @@ class SquaredBackend(Backend):
         return block_rows(b, h, tq, tk, self.block or pol.block_elements, pol.max_block_rows)
 
     def describe(self, p: Problem) -> str:
-        blocks = plan_blocks(p.keep, p.shape[2], p.shape[3], self.rows(p))[1]
+        blocks = block_spans(p, self.rows(p))
         drop = ("; its magnitude dropout is drawn per block, and the pairs that keep their magnitude and those "
                 "that drop it are summed apart" if getattr(p.kernel, "drops_magnitude", False) else "")
         return (f"{len(blocks)} block{'s' if len(blocks) != 1 else ''} of {self.rows(p)} query rows; k = ((phi(q)·phi(k))/n)^2 + eps times a "
