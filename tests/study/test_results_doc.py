@@ -15,7 +15,7 @@ from kernel_attention.study import get_study, study_names
 from kernel_attention.study.findings import COMPARISONS, FINDINGS, Comparison, paper_direction
 from kernel_attention.study.placeholders import PlaceholderError, fill
 from kernel_attention.study.report import CSV_FIELDS, read_csv, render_tables, write_csv
-from kernel_attention.study.results_page import _compact, render_page, write_page
+from kernel_attention.study.results_page import render_page, write_page
 from kernel_attention.study.resultset import load_manifest
 from kernel_attention.study.revision import code_revision
 from kernel_attention.study.significance import mark, paired_difference
@@ -219,13 +219,6 @@ def test_an_unknown_placeholder_in_prose_is_an_error(tmp_path):
     (root / "ika-graphs" / "prose.md").write_text("{{ ika-graphs / t5 / gat / pubmedd }}\n")
     with pytest.raises(PlaceholderError, match="pubmedd"):
         render_page(root)
-
-
-def test_the_settings_a_scale_changes_are_listed_one_item_per_part():
-    assert _compact(["NMT data: Multi30k (IWSLT'14 is not staged)", "NMT: model.d_model = 64", "SP: train.lr = 0.001",
-                     "NMT: train.max_steps = 300", "Pubmed is not run: its copy lacks ind.pubmed.allx"]) == [
-        "NMT data: Multi30k (IWSLT'14 is not staged)", "NMT: model.d_model = 64, train.max_steps = 300",
-        "SP: train.lr = 0.001", "Pubmed is not run: its copy lacks ind.pubmed.allx"]
 
 
 # ---- the CSVs -----------------------------------------------------------------------------------------------

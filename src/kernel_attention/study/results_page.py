@@ -3,9 +3,10 @@ one prose file per section (:mod:`.resultset` for the manifest, :mod:`.placehold
 prose).  ``--check`` renders it and compares it with the page on disk.
 
     page    = title + intro prose + findings checklist + one section per set (manifest order) + outro prose
-    section = heading, its prose (placeholders filled), what :func:`.report.render_tables` renders from the
-              CSV (commands, wall time per machine, what the scale changes, the tables), the revisions of
-              the code that ran the cells, the marks of the study's comparisons on this set, the figures
+    section = heading, its prose (placeholders filled; it says what the scale changes), what
+              :func:`.report.render_tables` renders from the CSV (commands, wall time per machine, the
+              tables), the revisions of the code that ran the cells, the marks of the study's comparisons
+              on this set, the figures
     checklist = per finding (:data:`.findings.FINDINGS`): its comparisons marked on the set of its study that
               :meth:`.resultset.Manifest.checklist_set` picks (converged scale first, else small)
 
@@ -122,28 +123,11 @@ def _revisions(s: ResultSet) -> list[str]:
             f"that added the row's result): {listed}."]
 
 
-def _compact(shrink: list[str]) -> list[str]:
-    """The settings a scale changes, one item per part ("NMT: model.d_model = 64, model.n_heads = 4, ...")
-    instead of one per setting; items that are sentences (no "part: key = value") stay as they are."""
-    out: list[str] = []
-    parts: dict[str, int] = {}  # part -> its item's index in out
-    for item in shrink:
-        head, sep, rest = item.partition(": ")
-        if not sep or " = " not in rest or " " in head:
-            out.append(item)
-        elif head in parts:
-            out[parts[head]] += f", {rest}"
-        else:
-            parts[head] = len(out)
-            out.append(item)
-    return out
-
-
 def _section(man: Manifest, s: ResultSet) -> list[str]:
     records = s.records
     machines = {r.get("machine") or "" for r in records}
     machine = next(iter(machines)) if len(machines) == 1 else ""
-    tables = render_tables(s.study, records, _compact(s.shrink()), s.scale, wall_s=sum(float(r.get("wall_s") or 0)
+    tables = render_tables(s.study, records, [], s.scale, wall_s=sum(float(r.get("wall_s") or 0)
                                                                              for r in records),
                            machine=machine or _UNKNOWN_MACHINE, earlier={"machine": _UNKNOWN_MACHINE})
     out = ["", f"## {s.title}: `{s.name}`", "", fill(s.prose.read_text(), man, str(s.prose)).strip()]

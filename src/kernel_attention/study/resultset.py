@@ -5,14 +5,16 @@ The results page lists its sets in a manifest, ``docs/results/sections.yaml``::
     intro: intro.md                   # prose above the findings checklist
     outro: not-run.md                 # prose at the end (optional)
     sections:
-      - set: dissection-positions     # the folder: runs.csv, figures (*.png), table.md
+      - set: dissection-positions     # the folder: runs.csv and the figures (*.png), the set's only copy
         title: "TD Table 1 (positions)"
         prose: dissection-positions/prose.md
         checklist: true               # false: the set does not feed the findings checklist
                                       # (a set of a superseded configuration, say)
 
 The study and scale of a set are read from its runs.csv (columns ``study``, ``scale``), so a new set --
-``dissection-positions-converged`` with scale ``converged`` -- needs one more manifest entry and nothing else.
+``dissection-positions-converged`` with scale ``converged`` -- needs its folder (a study run's runs.csv and
+figures), a prose file (what the set runs, what its scale changes) and one more manifest entry.  The table.md a
+study run writes beside runs.csv is not kept: the page renders the tables from runs.csv.
 """
 
 from __future__ import annotations
@@ -100,22 +102,6 @@ class ResultSet:
 
     def figures(self) -> list[Path]:
         return sorted(self.folder.glob("*.png"))
-
-    def shrink(self) -> list[str]:
-        """What the set's scale changed relative to the paper's configuration, as its run wrote it into table.md
-        (the list under "What this scale changes"); [] without one."""
-        path = self.folder / "table.md"
-        if not path.is_file():
-            return []
-        lines, out, inside = path.read_text().splitlines(), [], False
-        for line in lines:
-            if line.startswith("What this scale changes"):
-                inside = True
-            elif inside and line.startswith("- "):
-                out.append(line[2:])
-            elif inside and out and not line.strip():
-                break
-        return out
 
 
 @dataclasses.dataclass
