@@ -71,6 +71,15 @@ def test_linqs_layout_whitespace_split_files_and_gz(tmp_path):
     assert g.val_mask.nonzero().flatten().tolist() == [10, 11] and int(g.train_mask.sum()) == 10
 
 
+def test_split_files_as_masks(tmp_path):
+    d = write_csv_graph(tmp_path / "g")
+    for split, nodes in (("train", range(0, 12)), ("valid", range(12, 16)), ("test", range(16, N))):
+        (d / f"{split}.txt").write_text("".join("1\n" if i in nodes else "0\n" for i in range(N)))
+    g = DATASETS.create(f"graph:path={d},id=node")
+    assert [m.nonzero().flatten().tolist() for m in (g.train_mask, g.val_mask, g.test_mask)] == [
+        list(range(12)), list(range(12, 16)), list(range(16, N))]
+
+
 def test_labels_file_in_row_order_and_a_split_column(tmp_path):
     """No node ids: node i is feature row i; the labels (and a split column) in labels.tsv, one row per node;
     an empty label leaves a node unlabelled."""

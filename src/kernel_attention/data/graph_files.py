@@ -21,7 +21,7 @@ suffix split on whitespace):
   (as numbers when all are integers) and numbered from 0.
 * **splits**, the first that applies: ``train.txt``, ``valid.txt`` (or ``val`` / ``dev``; without one the
   ``valid`` fraction of the train nodes, drawn with ``seed``) and ``test.txt`` holding node ids separated
-  by whitespace; or ``split=NAME|INDEX``, a column of the labels (else features) table holding ``train``,
+  by whitespace, or masks: one ``0`` / ``1`` (``false`` / ``true``) per node in the feature rows' order; or ``split=NAME|INDEX``, a column of the labels (else features) table holding ``train``,
   ``valid`` (``val``, ``dev``) or ``test`` per node (any other value: in no split); else the labelled
   nodes shuffled with ``seed`` and cut into ``valid`` / ``test`` fractions, the rest for training.
 
@@ -54,6 +54,7 @@ GRAPH_FILES = {"edges": "edges", "features": "features", "labels": "labels"}
 _SUFFIXES = ("csv", "tsv", "txt")
 _SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
 _SPLIT_VALUES = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "test": "test"}
+_MASK_VALUES = {"0", "1", "true", "false"}
 _LAYOUT = ("give a folder with edges.csv (two node ids per row) and features.csv (one row per node), "
            "or name them with edges=, features=")
 
@@ -223,13 +224,16 @@ def _split_files(folder: Path, where: dict[str, int], encoding: str) -> dict[str
     out = {}
     for split, f in found.items():
         p, lines = read_lines(f, encoding)
-        nodes = []
-        for i, line in enumerate(lines):
-            for cell in line.split():
-                if cell not in where:
-                    raise DataFormatError(p, i + 1, f"node id {cell[:30]!r} has no row in the features table")
-                nodes.append(where[cell])
-        out[split] = nodes
+        cells = [(i + 1, c) for i, line in enumerate(lines) for c in line.split()]
+        if len(cells) == len(where) > 2 and {c.lower() for _, c in cells} <= _MASK_VALUES:
+            # one 0/1 per node: a mask (as node ids, so many repeats of two ids would mean nothing)
+            out[split] = [n for n, (_, c) in enumerate(cells) if c.lower() in ("1", "true")]
+            continue
+        for line, c in cells:
+            if c not in where:
+                raise DataFormatError(p, line, f"node id {c[:30]!r} has no row in the features table (a split "
+                                               f"file holds node ids, or one 0/1 per node)")
+        out[split] = [where[c] for _, c in cells]
     return out
 
 
