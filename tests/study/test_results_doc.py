@@ -214,6 +214,16 @@ def test_the_checklist_prefers_a_converged_set(tmp_path):
     assert "`positions-small` (small)" in line and "1 one seed, no test" in line
 
 
+def test_a_set_of_two_scales_is_refused(tmp_path):
+    root = tmp_path / "results"
+    _tiny_set(root, "mixed", "small", 2, better=1.0)
+    _edit_rows(root / "mixed" / "runs.csv", lambda rows: rows[:1] + [{**rows[1], "scale": "converged"}])
+    (root / "intro.md").write_text("Intro.\n")
+    (root / "sections.yaml").write_text("intro: intro.md\nsections:\n  - {set: mixed, title: m, prose: mixed/prose.md}\n")
+    with pytest.raises(ValueError, match="mixes studies / scales"):
+        render_page(root)
+
+
 def test_an_unknown_placeholder_in_prose_is_an_error(tmp_path):
     root = _copy_results(tmp_path)
     (root / "ika-graphs" / "prose.md").write_text("{{ ika-graphs / t5 / gat / pubmedd }}\n")

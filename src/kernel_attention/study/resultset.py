@@ -63,6 +63,9 @@ class ResultSet:
         records = read_csv(path)
         if not records:
             raise ValueError(f"result set {self.name}: {path} has no rows")
+        kinds = {(r.get("study"), r.get("scale")) for r in records}
+        if len(kinds) > 1:  # one set, one study at one scale: its tables and marks would mix them
+            raise ValueError(f"result set {self.name}: {path} mixes studies / scales {sorted(kinds)}")
         return records
 
     @property
