@@ -246,6 +246,13 @@ def test_code_revision_names_the_checkout():
     assert "revision" in CSV_FIELDS
 
 
+def test_a_cell_record_names_the_revision_that_ran_it(tmp_path):
+    from kernel_attention.study.core import Cell
+    from kernel_attention.study.runner import run_cell
+    rec = run_cell(Cell("s", "t", "r", "c", 1, {"task": {"name": "none"}}), tmp_path / "cell", "loss")  # fails fast
+    assert rec["status"] == "error" and rec["revision"] == code_revision()
+
+
 def test_csv_round_trip_renders_the_same_tables(tmp_path):
     records = read_csv(CSVS[0])
     study = get_study(records[0]["study"])
