@@ -200,7 +200,8 @@ SPARSE = ["strided:stride=4", "fixed:stride=8,c=2", "fixed:stride=5", "memory:sa
 def test_filter_predicates_equal_dense_masks(filt):
     """The pairs the kernels keep, walked per query tile (forward, dq) and per key tile (dk, dv), equal the filter's
     dense mask (False in every tile they skip), with memory keys (Tq < Tk), rows before every key (Tq > Tk) and
-    padding."""
+    padding; and the keys some query keeps (the squared form's key-factor range) are the mask's."""
+    from kernel_attention.backends.triton_filters import kept_keys, tile_filter
     from kernel_attention.backends.triton_flash import filter_mask
 
     for tq, tk in [(33, 33), (7, 40), (40, 7), (20, 37)]:
@@ -210,6 +211,9 @@ def test_filter_predicates_equal_dense_masks(filt):
         keep = p.keep.expand(B, H, tq, tk)
         for by_keys in (False, True):
             assert torch.equal(filter_mask(p, by_keys=by_keys), keep), (filt, tq, tk, by_keys)
+        tf, km = tile_filter(p)
+        kept = kept_keys(tf, tq, tk, DEVICE) & km.expand(B, H, 1, tk)[:, :, 0]
+        assert torch.equal(kept, keep.any(-2)), (filt, tq, tk)
 
 
 @pytest.mark.parametrize("kernel,position,filt,tq,tk", [
@@ -312,12 +316,14 @@ def test_explain_describes_the_tiles():
     assert "Transformer-XL" in text and "key bias" in text and "tiles past the diagonal skipped" in text
 
 
-@pytest.mark.parametrize("position,filt", [("xl", "causal"), ("shaw", "local:window=4")])
-def test_layer_compiles_whole_graph(position, filt):
+@pytest.mark.parametrize("position,filt,value", [("xl", "causal", "none"), ("shaw", "local:window=4", "none"),
+                                                 ("shaw", "strided:stride=4", "relative")])
+def test_layer_compiles_whole_graph(position, filt, value):
     """The kernels are operators with fake implementations: a KernelAttention layer on ``triton`` compiles with
-    fullgraph=True and agrees with the eager layer on ``dense``, gradients included."""
+    fullgraph=True and agrees with the eager layer on ``dense``, gradients included (Shaw's value table too)."""
     torch.manual_seed(0)
-    layer = ka.KernelAttention(16, 2, kernel="rbf", position=position, filter=filt, backend="triton").to(DEVICE)
+    layer = ka.KernelAttention(16, 2, kernel="rbf", position=position, value_position=value, filter=filt,
+                               backend="triton").to(DEVICE)
     x = torch.randn(2, 20, 16, device=DEVICE)
     got = torch.compile(layer, fullgraph=True)(x)
     grads = torch.autograd.grad(got.pow(2).sum(), list(layer.parameters()), allow_unused=True)
@@ -361,10 +367,11 @@ def test_implicit_kernels_short_and_in_training(kernel, t, train, filt):
            _run("dense", kernel, "none", filt, t, t, key_mask=km, train=train), atol=5e-5)
 
 
-@pytest.mark.parametrize("tq,tk,filt", [(7, 40, "local:window=5"), (40, 7, "causal")])
+@pytest.mark.parametrize("tq,tk,filt", [(7, 40, "local:window=5"), (40, 7, "causal"), (7, 40, "fixed:stride=8,c=2"),
+                                        (16, 40, "memory:same_length=true")])
 def test_implicit_kernels_memory_and_empty_rows(tq, tk, filt):
-    """Tq < Tk with a local window (keys no query keeps leave the key factor's range) and Tq > Tk under the
-    causal filter (the first rows see no key: zeros)."""
+    """Tq < Tk with a local window, the fixed pattern or Transformer-XL's memory filter (keys no query keeps leave the
+    key factor's range) and Tq > Tk under the causal filter (the first rows see no key: zeros)."""
     got = _run("triton", "ikan", "none", filt, tq, tk, self_attention=False)
     _close(got, _run("dense", "ikan", "none", filt, tq, tk, self_attention=False), atol=5e-5)
 
