@@ -192,6 +192,49 @@ def test_small_dissection_cells_are_shrunk():
     assert any("WikiText-103 is not staged" in s for s in shrink)
 
 
+@pytest.mark.parametrize("name", ["dissection-positions", "dissection-kernels", "dissection-order",
+                                  "dissection-values", "ika-translation"])
+def test_converged_cells_train_until_the_validation_metric_stops_improving(name):
+    """--scale converged: three seeds, the staged data, early stopping on whole-split validation, the best
+    checkpoint tested; the model sized by CONVERGED_NMT / CONVERGED_SP over each paper config's choices."""
+    from kernel_attention.study.dissection import CONVERGED_NMT, CONVERGED_SP, load_paper_config
+
+    cells, shrink = get_study(name).cells(StudyOptions(scale="converged"))
+    assert {c.scale for c in cells} == {"converged"}
+    by_variant = {}
+    for c in cells:
+        by_variant.setdefault((c.table, c.row, c.col), []).append(c.seed)
+        cfg, nmt = c.config, c.config["task"]["name"] == "translation"
+        over = CONVERGED_NMT if nmt else CONVERGED_SP
+        for sec, kv in over.items():
+            assert {k: cfg[sec][k] for k in kv} == kv, (c.id, sec)
+        assert cfg["data"]["dataset"] == ("multi30k" if nmt else "wikitext-2")
+        assert cfg["train"]["patience"] >= 1 and cfg["train"]["eval_every"] > 0
+        assert cfg["train"].get("test_best", True) and "max_epochs" not in cfg["train"]
+        paper = load_paper_config(c.tags["config"]) if "config" in c.tags else None
+        if paper is not None:   # the variant's own choices (kernel, positions, value) are the paper config's
+            for place in ("encoder_attention", "decoder_attention", "cross_attention", "attention"):
+                if place in paper["model"]:
+                    assert cfg["model"][place] == paper["model"][place], (c.id, place)
+    assert all(len(s) == 3 and len(set(s)) == 3 for s in by_variant.values())
+    assert any("patience" in line for line in shrink) and any("whole" in line for line in shrink)
+
+
+def test_each_scale_runs_in_its_own_folder_and_a_missing_scale_is_named(tmp_path, capsys):
+    from kernel_attention.cli import main
+    from kernel_attention.study.runner import cell_dir
+
+    study = get_study("dissection-positions")
+    (small,) = [c for c in study.cells(StudyOptions(scale="small"))[0] if c.id == "t1-nmt__vaswani__nmt__s1"]
+    (conv,) = [c for c in study.cells(StudyOptions(scale="converged"))[0] if c.id == small.id]
+    assert cell_dir(tmp_path, study, small) == tmp_path / "dissection-positions" / "cells" / small.id
+    assert cell_dir(tmp_path, study, conv) == tmp_path / "dissection-positions-converged" / "cells" / small.id
+    with pytest.raises(ValueError, match="study ika-graphs has no 'converged' scale; accepted: small, paper"):
+        get_study("ika-graphs").cells(StudyOptions(scale="converged"))
+    assert main(["study", "ika-graphs", "--scale", "converged", "--list"]) == 2
+    assert "has no 'converged' scale" in capsys.readouterr().err
+
+
 def test_probe_adds_similarity_and_magnitude(tmp_path):
     """Fig. 3 data: a probed cell logs per-place max similarity (in (0, 1]) and mean log magnitude."""
     from kernel_attention.study.core import Cell
@@ -387,12 +430,20 @@ def test_regression_study_runs_the_gp_rows_on_the_attention_rows_splits():
     assert labels["gp_rbf"] == "GP (RBF)" and labels["gp_sm"] == "GP (SM)"
 
 
-def test_regression_curves_leave_the_gp_rows_out(tmp_path):
+def test_regression_curves_leave_the_gp_rows_out(tmp_path, monkeypatch):
     """The GP rows train on a negative log likelihood (negative, on other axes than the MSE): Table 4's curves
     draw the attention rows alone, and a column only a GP logged gets no panel."""
-    import matplotlib.image
-
+    from kernel_attention.study import figures, ika
     from kernel_attention.study.ika import _reg_figures
+
+    panels = []   # the column titles of each curve figure drawn
+
+    def curves(fig_dir, table, cells, dir_of, results):
+        fig = figures.training_curves_figure(table, cells, dir_of, results)
+        if fig is not None:
+            panels.append(sorted({ax.get_title().split(":")[0] for ax in fig.axes if ax.get_title()}))
+        return figures.training_curves(fig_dir, table, cells, dir_of, results)
+    monkeypatch.setattr(ika, "training_curves", curves)
 
     cells = [c for c in get_study("ika-regression").build(StudyOptions(scale="small", seeds=1))[0]
              if c.table == "t4" and c.col in ("co2", "housing")]
@@ -405,13 +456,12 @@ def test_regression_curves_leave_the_gp_rows_out(tmp_path):
     for c in cells:
         if c.row.startswith("gp_"):
             log(c, [0.5, -1.0, -2.0])
-    assert _reg_figures(tmp_path / "fig", cells, dir_of, []) == []
+    assert _reg_figures(tmp_path / "fig", cells, dir_of, []) == [] and panels == []
     log(next(c for c in cells if c.row == "transformer" and c.col == "co2"), [1.0, 0.5, 0.2])
-    (one,) = _reg_figures(tmp_path / "fig", cells, dir_of, [])
-    one_width = matplotlib.image.imread(one).shape[1]
+    assert len(_reg_figures(tmp_path / "fig", cells, dir_of, [])) == 1
     log(next(c for c in cells if c.row == "mikan" and c.col == "housing"), [1.0, 0.5, 0.2])
-    (two,) = _reg_figures(tmp_path / "fig2", cells, dir_of, [])
-    assert one_width < 0.75 * matplotlib.image.imread(two).shape[1]  # Housing's GP curves opened no panel
+    assert len(_reg_figures(tmp_path / "fig2", cells, dir_of, [])) == 1
+    assert len(panels[0]) == 1 and len(panels[1]) == 2   # Housing's GP curves opened no panel
 
 
 def test_a_missing_package_stops_the_study_and_records_nothing(tmp_path, monkeypatch, capsys):

@@ -36,7 +36,7 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
     study = get_study(name)
     out = Path(out)
-    sdir = out / study.name
+    sdir = out / study.folder(options.scale)
     sdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     host = machine()

@@ -1,7 +1,7 @@
 """What a study is: a grid of cells (one training run each) plus the paper's table to put our numbers beside.
 
     cell id   = <study>/<table>/<row>/<col>/s<seed>   (file-system safe: "__" between the parts)
-    Cell      = (table, row, col, seed, config)        config: a normal run config (task/data/model/train/eval/seed)
+    Cell      = (table, row, col, seed, config, scale) config: a normal run config (task/data/model/train/eval/seed)
     Cell.key  = a digest of the config (and probe flag): what a finished cell's result was run with
     Study     = name, tables (TableSpec: rows, cols, the paper's numbers), protocol, build(options) -> cells
 
@@ -12,7 +12,9 @@ Protocols (reference notes):
                   (regression: each run's score is its best test RMSE over epochs, valid_fraction 0).
 
 A study's ``build(options)`` returns ``(cells, shrink)`` where ``shrink`` lists, in words, everything the
-``small`` scale changed relative to the paper configuration (printed and written into table.md).
+scale changed relative to the paper configuration (printed and written into table.md); :meth:`Study.cells`
+stamps each cell with the scale, which picks the folder it runs in (:meth:`Study.folder`): the scales of one
+study under one ``--out`` never share a folder.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 class StudyOptions:
     """Command-line options of ``kernel-attention study NAME``."""
 
-    scale: str = "small"              # "small" | "paper"
+    scale: str = "small"              # "small" | "converged" | "paper"
     seeds: int | None = None          # runs per cell (seeds / folds / splits); None = the study's default
     data: str | None = None           # data root (None = the registry's default root)
     only: tuple[str, ...] = ()        # restrict to tables / rows / columns (ids), e.g. ("t1-sp",)
@@ -54,6 +56,7 @@ class Cell:
     seed: int
     config: dict[str, Any]
     tags: dict[str, Any] = dataclasses.field(default_factory=dict)   # e.g. {"p": 0.1} for figure cells
+    scale: str = "small"               # set by Study.cells; picks the study folder (Study.folder)
 
     @property
     def id(self) -> str:
@@ -115,6 +118,22 @@ class Study:
     def __post_init__(self):
         if self.protocol not in ("best_valid", "mean_std"):
             raise ValueError(f"study {self.name}: protocol {self.protocol!r} is not 'best_valid' or 'mean_std'")
+
+    def folder(self, scale: str) -> str:
+        """The folder of this study's cells at ``scale`` under a study's ``--out``: the name at the small
+        scale, ``<name>-<scale>`` at the others."""
+        return self.name if scale == "small" else f"{self.name}-{scale}"
+
+    def cells(self, options: StudyOptions) -> tuple[list[Cell], list[str]]:
+        """``build(options)``, each cell stamped with ``options.scale``; a scale the study has no setting
+        for is a ValueError naming those it has."""
+        if options.scale not in self.default_seeds:
+            raise ValueError(f"study {self.name} has no {options.scale!r} scale; accepted: "
+                             f"{', '.join(self.default_seeds)}")
+        cells, shrink = self.build(options)
+        for c in cells:
+            c.scale = options.scale
+        return cells, shrink
 
     def table(self, name: str) -> TableSpec:
         for t in self.tables:

@@ -2,13 +2,20 @@
 
 Each cell starts from the shipped paper config ``configs/transformer_dissection/tableK/<file>.yaml``.
 ``--scale paper`` runs it as is, with the paper's data (IWSLT'14 De-En, WikiText-103: neither is staged in
-../shared/data, pass ``--nmt-data``/``--lm-data`` or place them under ``--data``).  ``--scale small``
-applies :data:`SMALL_NMT` / :data:`SMALL_SP` (and Multi30k / WikiText-2), listed word for word in table.md.
+../shared/data, pass ``--nmt-data``/``--lm-data`` or place them under ``--data``).  The two other scales run
+on Multi30k De-En / WikiText-2 and list what they change word for word in table.md:
+
+* ``--scale small`` (:data:`SMALL_NMT` / :data:`SMALL_SP`): minutes per cell, a check that every cell runs;
+* ``--scale converged`` (:data:`CONVERGED_NMT` / :data:`CONVERGED_SP`): models sized for the staged data,
+  trained until the validation metric stops improving (``train.patience`` evaluations without a better
+  score, then the best checkpoint is tested), three seeds; the scale whose paired differences the results
+  page marks.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +24,8 @@ import yaml
 from kernel_attention.study.core import Cell, Study, StudyOptions, TableSpec, register_study
 from kernel_attention.study.figures import training_curves
 
-__all__ = ["SMALL_NMT", "SMALL_SP", "load_paper_config", "cell_base", "shrink_nmt", "shrink_sp", "CONFIG_ROOT"]
+__all__ = ["SMALL_NMT", "SMALL_SP", "CONVERGED_NMT", "CONVERGED_SP", "SCALES", "load_paper_config", "cell_base",
+           "shrink_nmt", "shrink_sp", "CONFIG_ROOT"]
 
 CONFIG_ROOT = Path(__file__).resolve().parents[3] / "configs"
 
@@ -35,6 +43,27 @@ SMALL_SP = {
     "eval": {"tgt_len": 32, "mem_len": 32, "clamp_len": 64, "batch_size": 60},
 }
 
+#: Multi30k De-En: a 2+2-layer, d_model 128 Transformer with one joint 8k BPE vocabulary; BLEU (sacreBLEU,
+#: greedy) on the whole valid split every 500 updates picks the checkpoint, three evaluations without a
+#: better one end the cell.
+CONVERGED_NMT = {
+    "task": {"max_tokens": 4096, "bpe_vocab_size": 8000, "joint_bpe": True, "max_len": 100},
+    "model": {"d_model": 128, "n_heads": 4, "d_ff": 512, "enc_layers": 2, "dec_layers": 2, "dropout": 0.2,
+              "share_embeddings": True},
+    "train": {"max_steps": 6000, "lr": 1e-3, "eval_every": 500, "patience": 3, "checkpoint_every": 250,
+              "schedule": {"name": "inverse_sqrt", "warmup": 1000, "warmup_init_lr": 1e-7}},
+    "eval": {"beam": 1, "bleu": "sacrebleu", "max_sentences": None, "batch_size": 200},
+}
+#: WikiText-2 (word level, 33k words): a 2-layer, d_model 128 Transformer-XL-style LM over 64-token segments
+#: with 64 cached steps; perplexity on the whole valid split every 500 updates, patience 3.
+CONVERGED_SP = {
+    "task": {"batch_size": 16, "tgt_len": 64},
+    "model": {"d_model": 128, "n_heads": 4, "d_head": 32, "d_ff": 512, "n_layers": 2, "mem_len": 64},
+    "train": {"max_steps": 12000, "lr": 1e-3, "eval_every": 500, "patience": 3, "checkpoint_every": 250,
+              "schedule": {"name": "inverse_sqrt", "warmup": 500, "warmup_init_lr": 1e-7}},
+    "eval": {"tgt_len": 64, "mem_len": 64, "clamp_len": 128, "batch_size": 32},
+}
+
 
 def _describe(d: dict, prefix: str) -> list[str]:
     return [f"{prefix}: {sec}.{k} = {v}" for sec, kv in d.items() for k, v in kv.items()]
@@ -44,6 +73,11 @@ SHRINK_NMT = ["NMT data: Multi30k De-En (IWSLT'14 is not staged); BLEU of greedy
               "valid/test sentences"] + _describe(SMALL_NMT, "NMT")
 SHRINK_SP = ["SP data: WikiText-2 (WikiText-103 is not staged); one evaluation on the full valid and test "
              "split at the end of training (no selection over checkpoints)"] + _describe(SMALL_SP, "SP")
+CONVERGE_NMT = ["NMT data: Multi30k De-En (IWSLT'14 is not staged); sacreBLEU of greedy decoding on the whole "
+                "valid split picks the checkpoint, the whole test_2016_flickr split scores it"] + \
+    _describe(CONVERGED_NMT, "NMT")
+CONVERGE_SP = ["SP data: WikiText-2 (WikiText-103 is not staged); perplexity on the whole valid split picks the "
+               "checkpoint, the whole test split scores it"] + _describe(CONVERGED_SP, "SP")
 
 
 def load_paper_config(rel: str) -> dict[str, Any]:
@@ -55,8 +89,8 @@ def load_paper_config(rel: str) -> dict[str, Any]:
 
 def cell_base(rel: str, shrink: Callable[[dict], dict] | None, dataset: Any) -> dict[str, Any]:
     """The configuration a study's cells of one (row, column) start from: the paper's config ``rel`` without
-    its ``run`` section (the study names each cell's folder), passed through ``shrink`` at small scale (None at
-    paper scale), reading ``dataset`` (:meth:`.core.StudyOptions.dataset`)."""
+    its ``run`` section (the study names each cell's folder), passed through ``shrink`` (the scale's change of
+    it; None at paper scale), reading ``dataset`` (:meth:`.core.StudyOptions.dataset`)."""
     base = load_paper_config(rel)
     base.pop("run", None)
     if shrink is not None:
@@ -72,37 +106,45 @@ def _merge(cfg: dict, over: dict) -> dict:
     return cfg
 
 
-def shrink_nmt(cfg: dict) -> dict:
-    return _merge(cfg, SMALL_NMT)
+def shrink_nmt(cfg: dict, over: dict = SMALL_NMT) -> dict:
+    return _merge(cfg, over)
 
 
-def shrink_sp(cfg: dict) -> dict:
-    cfg = _merge(cfg, SMALL_SP)
+def shrink_sp(cfg: dict, over: dict = SMALL_SP) -> dict:
+    cfg = _merge(cfg, over)
     cfg["train"].pop("max_epochs", None)
     return cfg
+
+
+#: scale -> (NMT config change, SP config change, the lines that list them); ``paper`` changes nothing
+SCALES: dict[str, tuple[Callable[[dict], dict], Callable[[dict], dict], list[str], list[str]]] = {
+    "small": (shrink_nmt, shrink_sp, SHRINK_NMT, SHRINK_SP),
+    "converged": (functools.partial(shrink_nmt, over=CONVERGED_NMT), functools.partial(shrink_sp, over=CONVERGED_SP),
+                  CONVERGE_NMT, CONVERGE_SP),
+}
 
 
 def _cells(study: str, opts: StudyOptions, spec: list[tuple[str, str, str, str]], seeds: int,
            nmt_data: str | None, lm_data: str | None) -> tuple[list[Cell], list[str]]:
     """spec: (table, row, col, config path under configs/); the config's task (translation or language
     modelling) picks the shrink and the dataset."""
-    small = opts.scale == "small"
-    nmt_ds = nmt_data or ("multi30k" if small else "iwslt14")
-    lm_ds = lm_data or ("wikitext-2" if small else "wikitext-103")
+    change = SCALES.get(opts.scale)   # None at paper scale
+    nmt_ds = nmt_data or ("multi30k" if change else "iwslt14")
+    lm_ds = lm_data or ("wikitext-2" if change else "wikitext-103")
     cells, kinds = [], set()
     for table, row, col, rel in spec:
         kind = "nmt" if load_paper_config(rel)["task"]["name"] == "translation" else "sp"
         kinds.add(kind)
-        base = cell_base(rel, (shrink_nmt if kind == "nmt" else shrink_sp) if small else None,
+        base = cell_base(rel, change[0 if kind == "nmt" else 1] if change else None,
                          opts.dataset(nmt_ds if kind == "nmt" else lm_ds))
         for s in range(seeds):
             cfg = copy.deepcopy(base)
             cfg["seed"] = int(base.get("seed", 1)) + s
             cells.append(Cell(study, table, row, col, cfg["seed"], cfg, {"config": rel, "kind": kind}))
     shrink = []
-    if small:
-        shrink += SHRINK_NMT if "nmt" in kinds else []
-        shrink += SHRINK_SP if "sp" in kinds else []
+    if change:
+        shrink += change[2] if "nmt" in kinds else []
+        shrink += change[3] if "sp" in kinds else []
     else:
         shrink += [f"data: NMT {nmt_ds}, SP {lm_ds}"]
     return cells, shrink
@@ -116,7 +158,7 @@ def _td_figures(study: Study):
 
 
 def _td_study(name, title, tables, spec_fn, notes=()):
-    seeds = {"small": 1, "paper": 5}
+    seeds = {"small": 1, "converged": 3, "paper": 5}
 
     def build(opts: StudyOptions, _fn=spec_fn):
         n = opts.seeds or seeds[opts.scale]

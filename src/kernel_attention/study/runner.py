@@ -68,8 +68,10 @@ __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "se
 
 
 def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
-    name = study if isinstance(study, str) else study.name
-    return Path(out) / name / "cells" / cell.id
+    """``OUT/<study folder>/cells/<cell id>``: the folder is the study's at the cell's scale
+    (:meth:`.core.Study.folder`; ``study`` given by name: that folder)."""
+    folder = study if isinstance(study, str) else study.folder(cell.scale)
+    return Path(out) / folder / "cells" / cell.id
 
 
 def _finite(x: Any) -> bool:
@@ -286,13 +288,13 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     the folders of cells finished with another configuration aside and run them (module docstring).
     ``checkpoint_minutes``: how often each cell writes ``last.pt``; ``command``: the command line each record
     keeps (:func:`run_cell`)."""
-    cells, shrink = study.build(options)
+    cells, shrink = study.cells(options)
     twins = twins_of(cells)  # over the whole grid: a twin outside ``options.only`` is carried too
 
     def dir_of(c: Cell) -> Path:
         return cell_dir(out, study, c)
 
-    elsewhere = other_studies_results(out, study.name)
+    elsewhere = other_studies_results(out, study.folder(options.scale))
 
     def carry(c: Cell) -> bool:
         rec = finished_twin(c, twins.get(c.id, []), dir_of, is_stale) or finished_elsewhere(c, elsewhere.get(c.key, []))
@@ -324,7 +326,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     if stale:
         log(f"study {study.name}: {len(stale)} finished cell(s) ran with another configuration than the current "
             f"one ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): left out of the table and not run "
-            f"again; --rerun-stale runs them (their folders under {Path(out) / study.name / 'cells'} moved aside)")
+            f"again; --rerun-stale runs them (their folders under "
+            f"{Path(out) / study.folder(options.scale) / 'cells'} moved aside)")
     if not run:
         return cells, read_results(out, study, cells), shrink
     start, spent = time.time(), []

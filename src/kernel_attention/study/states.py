@@ -76,7 +76,7 @@ def _how_far(rows: list[dict]) -> str:
 
 def cell_states(study: Study, options: StudyOptions, out: str | Path) -> list[CellState]:
     """The state of each cell of ``study`` (``options`` as for a run) under ``out``."""
-    cells = select_cells(study.build(options)[0], options.only, study.name)
+    cells = select_cells(study.cells(options)[0], options.only, study.name)
     return [_state(c, cell_dir(out, study, c)) for c in cells]
 
 
