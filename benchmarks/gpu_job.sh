@@ -10,9 +10,9 @@
 #   3. benchmarks/txl_reference.py: Transformer-XL's own formulation (AC + rel-shifted BD, materialised) beside
 #      attention(..., position xl) on triton and dense, and SDPA.
 #
-# Everything goes under $OUT (default /tmp/gpu_out), 10 files: job.log (all output, the tests' included), bench.md,
-# bench_rbf.md, bench_local.md, bench_ikas.md (each with its .json) and txl.md.  Each step has its own time limit
-# (about 7.5 minutes in all), so a slow step leaves the later ones their time; the benchmarks write after every
+# Everything goes under $OUT (default /tmp/gpu_out), 12 files: job.log (all output, the tests' included),
+# bench.md, bench_rbf.md, bench_local.md, bench_ikas.md, bench_sparse.md (each with its .json) and txl.md.  Each
+# step has its own time limit (about 7.5 minutes in all), so a slow step leaves the later ones their time; the benchmarks write after every
 # cell.  The package is read from src/ (PYTHONPATH): nothing is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,11 +31,11 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 # pytest-xdist, where present, spreads the tests (and the compilation of their kernels) over 8 processes
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
 
-echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 110 s)"
-timeout 110 $PY -m pytest -q $XDIST -m triton -p no:cacheprovider tests/backends/test_triton.py
+echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 100 s)"
+timeout 100 $PY -m pytest -q $XDIST -m triton -p no:cacheprovider tests/backends/test_triton.py
 
-echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 105 s)"
-timeout 105 $PY -m pytest -q $XDIST -m gpu -p no:cacheprovider
+echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 90 s)"
+timeout 90 $PY -m pytest -q $XDIST -m gpu -p no:cacheprovider
 
 echo "== $(date -u +%H:%M:%S) attention benchmark: exp x none, shaw, xl x full, causal (limit 95 s)"
 timeout 95 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
@@ -58,6 +58,11 @@ echo "== $(date -u +%H:%M:%S) attention benchmark: ikas's squared form, full and
 timeout 35 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels ikas \
     --positions none --filters full causal --backends triton dense --no-dense-above 4096 \
     --repeats 3 --no-checks --out "$OUT/bench_ikas.md" 2>&1 | tail -n 20
+
+echo "== $(date -u +%H:%M:%S) attention benchmark: Sparse Transformer filters, beside FlexAttention (limit 25 s)"
+timeout 25 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
+    --positions none --filters strided:stride=128 fixed:stride=128 --backends triton flex dense \
+    --no-dense-above 4096 --repeats 3 --no-checks --out "$OUT/bench_sparse.md" 2>&1 | tail -n 20
 
 echo "== $(date -u +%H:%M:%S) Transformer-XL's formulation (limit 35 s)"
 timeout 35 $PY benchmarks/txl_reference.py --device cuda --dtype bfloat16 --T $T --backends triton dense \

@@ -3,8 +3,10 @@ r"""Choosing a backend, and saying why.
 ``auto`` walks :data:`ORDER` and takes the first backend that supports the call and does not decline it:
 
 1. ``sdpa``: one fused attention call on kernel features (exp, rbf, periodic; product positions);
-2. ``triton``: flash kernels on a GPU for the exp family with Shaw's table, Transformer-XL's relative term,
-   key biases and causal / local / padding filters (taken by ``auto`` once timed on the device);
+2. ``triton``: flash kernels on a GPU for the exp family with Shaw's tables (keys and values), Transformer-XL's
+   relative term, key biases and float masks, and the implicit kernels' squared form (magnitude dropout
+   included), under causal / local / strided / fixed / memory / padding filters and their intersections
+   (taken by ``auto`` once timed on the device);
 3. ``flex``: FlexAttention on CUDA, additive terms as a score_mod, sparse filters as a block mask;
 4. ``banded``: Shaw's clipped table on the CPU, far keys on the fused kernel and the band explicit;
 5. ``squared``: the implicit kernels on the CPU as k / sum k per block;
