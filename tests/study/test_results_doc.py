@@ -173,8 +173,14 @@ def test_placeholders_fill_from_the_csv_and_refuse_unknown_ones():
     runs = [r for r in read_csv(RESULTS / "dissection-positions" / "runs.csv") if r["table"] == "t1-sp"
             and r["row"] == "vaswani"]
     assert text.split()[0] in render_tables(study, runs, [], "small") and text.split()[1] == "1-5"
+    # the model size, from the CSV's params column (a model built from the cell's config counts the same)
+    cls = [r for r in read_csv(RESULTS / "ika-classification-paper" / "runs.csv")
+           if (r["row"], r["col"]) == ("transformer", "cr")]
+    assert fill("{{ params ika-classification-paper / t2 / transformer / cr }}", man) == \
+        f"{cls[0]['params'] / 1e6:.1f}M" == "8.9M"
     for bad in ("{{ nonsense }}", "{{ dissection-positions / t1-sp / nobody / sp }}", "{{ wall no-such-set }}",
-                "{{ diff dissection-positions / t1-sp / xl / sp }}"):
+                "{{ diff dissection-positions / t1-sp / xl / sp }}",
+                "{{ params dissection-positions / t1-sp / vaswani / sp }}"):   # no params recorded there
         with pytest.raises(PlaceholderError):
             fill(bad, man)
 

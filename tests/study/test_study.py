@@ -22,6 +22,11 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     from kernel_attention.machine import numerics
     assert all(r["machine"] == numerics() and "torch" in r["machine"] for r in rows)  # what decides the rounding
     assert all(r["command"] == "test" for r in rows)  # and what ran it
+    from kernel_attention.tasks.runner import build_task
+    cell = next(c for c in get_study("synthetic-smoke").cells(StudyOptions(scale="small", seeds=1))[0]
+                if c.row == "exp")
+    size = sum(p.numel() for p in build_task(cell.config).build_model().parameters())
+    assert [int(r["params"]) for r in rows if r["row"] == "exp"] == [size]   # and the model's size
     table = (sdir / "table.md").read_text()
     assert "| exponential |" in table and "| RBF |" in table and "train.max_steps = 6" in table
     assert (sdir / "figures" / "curves_copy.png").stat().st_size > 1000

@@ -6,6 +6,7 @@
     {{ wall SET }}                                       the summed wall time of the set's cells, in minutes
     {{ cells SET }}                                      the number of runs.csv rows of the set
     {{ seeds SET }}                                      the seeds (folds, splits) the set ran, e.g. "1-5"
+    {{ params SET / TABLE / ROW / COL }}                 the cell's model size in parameters, e.g. "16.1M"
 
 Ids are those of runs.csv (``t1-sp``, ``vaswani``, ``sp``).  A placeholder of another form, or one naming a
 set, table, row or column there is not, is an error (:class:`PlaceholderError`), so a typo cannot pass as
@@ -36,7 +37,7 @@ def _seeds(seeds: list[int]) -> str:
 def _value(manifest: Manifest, expr: str) -> str:
     words = expr.split(None, 1)
     kind, rest = (words[0], words[1] if len(words) > 1 else "") if words and words[0] in (
-        "diff", "wall", "cells", "seeds") else ("cell", expr)
+        "diff", "wall", "cells", "seeds", "params") else ("cell", expr)
     parts = [p.strip() for p in rest.split("/")]
     try:
         s = manifest.get(parts[0])
@@ -49,6 +50,13 @@ def _value(manifest: Manifest, expr: str) -> str:
         if kind == "cell" and len(parts) == 4:
             _known(s, *parts[1:])
             return s.cell_text(*parts[1:])
+        if kind == "params" and len(parts) == 4:
+            _known(s, *parts[1:])
+            sizes = {int(r["params"]) for r in s.records if r.get("params") and
+                     (r["table"], r["row"], r["col"]) == tuple(parts[1:])}
+            if len(sizes) != 1:
+                raise KeyError(f"the rows of {'/'.join(parts[1:])} record {len(sizes)} parameter counts, not one")
+            return f"{sizes.pop() / 1e6:.1f}M"
         if kind == "diff" and len(parts) == 6:
             _known(s, *parts[1:4])
             _known(s, parts[1], *parts[4:])
@@ -58,7 +66,7 @@ def _value(manifest: Manifest, expr: str) -> str:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
                            f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., wall SET, "
-                           f"cells SET, seeds SET)")
+                           f"cells SET, seeds SET, params SET / TABLE / ROW / COL)")
 
 
 def _known(s, table: str, row: str, col: str) -> None:

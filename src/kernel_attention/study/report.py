@@ -23,7 +23,7 @@ __all__ = ["write_csv", "read_csv", "summarize_cell", "render_tables", "finished
 
 CSV_FIELDS = ["study", "scale", "table", "row", "col", "seed", "status", "metric", "valid", "test", "final_valid",
               "final_test", "best_step", "steps", "wall_s", "unit_factor", "test_scaled", "cell", "error", "machine",
-              "config", "same_config_as", "command", "revision"]
+              "config", "same_config_as", "command", "revision", "params"]
 
 
 def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
@@ -37,7 +37,7 @@ def write_csv(path: str | Path, study: Study, results: list[dict]) -> Path:
 
 
 _FLOATS = ("valid", "test", "final_valid", "final_test", "wall_s", "unit_factor", "test_scaled")
-_INTS = ("seed", "best_step", "steps")
+_INTS = ("seed", "best_step", "steps", "params")
 
 
 def read_csv(path: str | Path) -> list[dict]:

@@ -13,7 +13,8 @@ cell resumes from its ``last.pt`` (the Trainer's exact resume).  ``result.json``
      "machine": what decides the run's rounding (:func:`kernel_attention.machine.numerics`),
      "command": the command line of the invocation that finished the cell ("" from the Python API),
      "revision": the git revision of the code that ran it (:func:`.revision.code_revision`),
-     "config": the cell's configuration key (:attr:`.core.Cell.key`)}
+     "config": the cell's configuration key (:attr:`.core.Cell.key`),
+     "params": the number of the model's parameters}
 
 A finished cell whose record names another configuration than the grid's -- a config corrected after the cell
 ran -- is *stale*: it is neither run over (its folder holds that run's checkpoints, which a resume would
@@ -106,6 +107,7 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
         dump_config(cfg, run_dir)
         trainer = Trainer(task, train_cfg, run_dir, resume=True, extra={"config": copy.deepcopy(cfg)})
         before = trainer.resumed_elapsed
+        rec["params"] = sum(p.numel() for p in trainer.raw_model.parameters())
         summary = trainer.fit()
     except ImportError:  # a package missing here (GPyTorch for the GP rows) is the machine's, not the cell's:
         raise            # no record, so that the cell runs once it is installed
