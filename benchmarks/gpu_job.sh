@@ -12,8 +12,8 @@
 #
 # Everything goes under $OUT (default /tmp/gpu_out), 12 files: job.log (all output, the tests' included),
 # bench.md, bench_rbf.md, bench_local.md, bench_ikas.md, bench_sparse.md (each with its .json) and txl.md.  Each
-# step has its own time limit (about 7.5 minutes in all), so a slow step leaves the later ones their time; the benchmarks write after every
-# cell.  The package is read from src/ (PYTHONPATH): nothing is installed.
+# step has its own time limit (about 7.5 minutes in all), so a slow step leaves the later ones their time; the
+# benchmarks write after every cell.  The package is read from src/ (PYTHONPATH): nothing is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}

@@ -26,7 +26,8 @@ _TRAIN_NOTES = {
     "stop_after": "stop after this step without saving (simulates a kill)",
     "max_steps": "optimiser updates", "log_every": "steps between train records (and progress lines)",
     "eval_every": "steps between valid evaluations",
-    "patience": "stop after this many evaluations without a better valid metric (null = never)", "checkpoint_every": "steps between last.pt writes",
+    "patience": "stop after this many evaluations without a better valid metric (null = never)",
+    "checkpoint_every": "steps between last.pt writes",
     "checkpoint_minutes": "also write last.pt this often", "accum_steps": "micro-batches per update",
 }
 

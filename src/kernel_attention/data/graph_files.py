@@ -21,8 +21,9 @@ suffix split on whitespace):
   (as numbers when all are integers) and numbered from 0.
 * **splits**, the first that applies: ``train.txt``, ``valid.txt`` (or ``val`` / ``dev``; without one the
   ``valid`` fraction of the train nodes, drawn with ``seed``) and ``test.txt`` holding node ids separated
-  by whitespace, or masks: one ``0`` / ``1`` (``false`` / ``true``) per node in the feature rows' order; or ``split=NAME|INDEX``, a column of the labels (else features) table holding ``train``,
-  ``valid`` (``val``, ``dev``) or ``test`` per node (any other value: in no split); else the labelled
+  by whitespace, or masks: one ``0`` / ``1`` (``false`` / ``true``) per node in the feature rows' order;
+  or ``split=NAME|INDEX``, a column of the labels (else features) table holding ``train``, ``valid``
+  (``val``, ``dev``) or ``test`` per node (any other value: in no split); else the labelled
   nodes shuffled with ``seed`` and cut into ``valid`` / ``test`` fractions, the rest for training.
 
 Column indices are 0-based, negative ones count from the end (``label=-1``: the last column).
