@@ -94,3 +94,50 @@ def test_pe_at_input_baseline_and_bad_configs():
         tiny(attention={"kernal": "exp"})
     with pytest.raises(SpecError, match="unknown kernel"):
         tiny(attention={"kernel": "gaussian"})
+
+
+def test_adaptive_softmax_gives_log_probabilities_whose_nll_is_torchs_adaptive_loss():
+    """With ``adaptive``, the logits are log p(w | h) of torch's AdaptiveLogSoftmaxWithLoss: normalised, and
+    their cross-entropy on the targets equals the loss torch's module computes from the same hidden states."""
+    torch.manual_seed(0)
+    model = tiny(adaptive={"cutoffs": [5, 12], "div_value": 2.0}, tie_output=False)
+    assert model.output is None and model.adaptive is not None
+    tokens = torch.randint(0, 23, (2, 12))
+    target = torch.randint(0, 23, (2, 12))
+    logits, _ = model(tokens)
+    assert logits.shape == (2, 12, 23)
+    torch.testing.assert_close(logits.logsumexp(-1), torch.zeros(2, 12, dtype=logits.dtype))
+    hidden = {}
+    handle = model.final_norm.register_forward_hook(lambda mod, args, out: hidden.setdefault("h", out))
+    model(tokens)
+    handle.remove()
+    expected = model.adaptive(hidden["h"].reshape(24, -1), target.reshape(-1)).loss
+    nll = torch.nn.functional.cross_entropy(logits.reshape(24, -1), target.reshape(-1))
+    torch.testing.assert_close(nll, expected)
+    nll.backward()
+    assert model.adaptive.head.weight.grad is not None and model.embed.weight.grad is not None
+
+
+@pytest.mark.parametrize("adaptive", [{"cutoffs": []}, {"cutoffs": [12, 5]}, {"cutoffs": [5, 23]},
+                                      {"cutoffs": [5], "div": 2}])
+def test_adaptive_softmax_settings_are_checked(adaptive):
+    with pytest.raises(ValueError, match="model.adaptive must be"):
+        tiny(adaptive=adaptive, tie_output=False)
+    with pytest.raises(ValueError, match="set model.tie_output=false with it"):
+        tiny(adaptive={"cutoffs": [5]})
+
+
+@pytest.mark.parametrize("adaptive", [None, {"cutoffs": [5, 12], "div_value": 2.0}])
+def test_targets_give_each_words_nll_as_the_logits_do(adaptive):
+    """``model(tokens, mems, targets=y)`` is -log p(y | context) per token, the same as the cross-entropy of the
+    logits (the adaptive soft-max computes only the target's cluster), and carries the memory on alike."""
+    torch.manual_seed(1)
+    model = tiny(adaptive=adaptive, tie_output=adaptive is None)
+    tokens, y = torch.randint(0, 23, (2, 12)), torch.randint(0, 23, (2, 12))
+    logits, mems = model(tokens[:, :6])
+    nll, mems_t = model(tokens[:, :6], targets=y[:, :6])
+    expected = torch.nn.functional.cross_entropy(logits.reshape(12, -1), y[:, :6].reshape(-1), reduction="none")
+    torch.testing.assert_close(nll, expected.view(2, 6))
+    logits2, _ = model(tokens[:, 6:], mems)
+    nll2, _ = model(tokens[:, 6:], mems_t, targets=y[:, 6:])
+    torch.testing.assert_close(nll2, -logits2.log_softmax(-1).gather(-1, y[:, 6:, None])[..., 0])

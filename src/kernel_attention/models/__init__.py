@@ -61,6 +61,7 @@ MODELS.register("lm", _sizes(410, 10, 2100, 0.1) + [
     Param("mem_len", int, 0, check=lambda x: x >= 0, rule=">= 0"),
     Param("clamp_len", int, None, optional=True, **_pos), Param("same_length", bool, False),
     Param("pe_at_input", bool, False), Param("tie_output", bool, True), _NORM,
+    Param("adaptive", dict, None, optional=True, doc="adaptive soft-max: {cutoffs: [...], div_value: 4}"),
 ], doc="decoder-only LM with Transformer-XL memory")(LanguageModel)
 
 MODELS.register("classifier", _sizes(128, 4, 256, 0.1) + [

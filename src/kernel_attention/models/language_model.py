@@ -3,12 +3,14 @@ r"""Decoder-only language model with Transformer-XL segment memory (Dai et al. 2
     model = LanguageModel(vocab=267735, d_model=410, n_heads=10, d_ff=2100, n_layers=16, mem_len=150)
     logits, mems = model(tokens)              # tokens (B, T); mems: one (B, M, d) tensor per layer
     logits, mems = model(next_tokens, mems)   # the next segment attends to the cached states
+    nll, mems = model(tokens, mems, targets=next_words)    # (B, T) -log p(target | context), for training
 
 Per segment of T tokens with cached memory m^l (B, M, d) for each layer l:
 
     h^0 = dropout(sqrt(d) E[tokens])                       (+ sinusoid(t) when pe_at_input)
     h^l = Block_l(h^l-1, memory = m^l-1)                   keys = [m^l-1 ; h^l-1], filter S_1 u S_mem
     logits = dropout(h^L) E^T                              (tied input / output embeddings)
+             or log p(w | h^L) of an adaptive soft-max     (``adaptive``: Grave et al. 2017, as Transformer-XL)
     new m^l = last mem_len steps of [m^l ; h^l], detached  (l = 0 .. L-1: each layer's *input*,
                                                             the first being the embedding output, as TXL's ``hids``)
 
@@ -26,6 +28,7 @@ window positions of the segment once to the embeddings (TXL ``attn_type=2`` with
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernel_attention.filters import make_filter
@@ -49,13 +52,19 @@ class LanguageModel(KernelRegularized, nn.Module):
         same_length: at evaluation every query sees the same number of keys.
         pe_at_input: add sinusoidal positions once at the input (the Vaswani baseline).
         tie_output: logits = h E^T with the input embedding E.  norm: "post" (TXL default) or "pre".
+        adaptive: ``{"cutoffs": [c_1, ..., c_n], "div_value": 4.0}``: an adaptive soft-max
+            (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`: the c_1 most frequent words in the head, the rest in
+            clusters of projections d / div_value^i), untied from the input embedding (``tie_output=False``);
+            the model then returns log-probabilities as its logits (they are normalised, so the cross-entropy
+            of them is the NLL), and with ``targets`` computes each target's cluster alone.  Word ids must be
+            ordered by frequency (the LM vocabularies are).
     """
 
     def __init__(self, vocab: int, *, d_model: int = 410, n_heads: int = 10, d_ff: int = 2100, n_layers: int = 16,
                  d_head: int | None = None, dropout: float = 0.1, attention_dropout: float = 0.0,
                  attention: dict | None = None, mem_len: int = 0, clamp_len: int | None = None,
                  same_length: bool = False, pe_at_input: bool = False, tie_output: bool = True,
-                 norm: str = "post", pad_id: int | None = None):
+                 norm: str = "post", pad_id: int | None = None, adaptive: dict | None = None):
         super().__init__()
         if mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {mem_len}")
@@ -74,7 +83,19 @@ class LanguageModel(KernelRegularized, nn.Module):
                                                      dropout=dropout) for _ in range(n_layers))
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
         self.drop = nn.Dropout(dropout)
-        self.output = None if tie_output else nn.Linear(d_model, vocab, bias=False)
+        if adaptive and tie_output:
+            raise ValueError("model.adaptive: the adaptive soft-max has its own weights, untied from the input "
+                             "embedding; set model.tie_output=false with it")
+        self.output = None if tie_output or adaptive else nn.Linear(d_model, vocab, bias=False)
+        self.adaptive = None
+        if adaptive:
+            unknown = sorted(set(adaptive) - {"cutoffs", "div_value"})
+            cutoffs = list(adaptive.get("cutoffs") or [])
+            if unknown or not cutoffs or cutoffs != sorted(set(cutoffs)) or not 0 < cutoffs[0] or cutoffs[-1] >= vocab:
+                raise ValueError(f"model.adaptive must be {{cutoffs: [c_1 < ... < c_n], div_value: x}} with "
+                                 f"0 < c_1 and c_n < the vocabulary ({vocab}), got {adaptive!r}")
+            self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(d_model, vocab, cutoffs,
+                                                          div_value=float(adaptive.get("div_value", 4.0)))
         # Transformer-XL's r_w_bias / r_r_bias: one (H, d) pair for the whole model.
         pair = share_xl_biases([layer.self_attn for layer in self.layers])
         if pair is not None:
@@ -98,14 +119,18 @@ class LanguageModel(KernelRegularized, nn.Module):
             if isinstance(layer.self_attn.position, XLPosition):
                 layer.self_attn.position.clamp_len = clamp_len
 
-    def forward(self, tokens: Tensor, mems: list[Tensor] | None = None, need_weights: bool = False):
+    def forward(self, tokens: Tensor, mems: list[Tensor] | None = None, need_weights: bool = False,
+                targets: Tensor | None = None):
         """
         Args:
             tokens: (B, T) ids of the segment.
             mems: None or one (B, M, d) detached tensor per layer (from the previous call).
             need_weights: also return a list of (B, H, T, M+T) attention weights, one per layer.
+            targets: (B, T) ids of the next words: return their negative log-likelihood instead of the logits
+                (the adaptive soft-max then evaluates each target's cluster only, not all V words).
         Returns:
-            ``(logits (B, T, V), new_mems)`` (+ weights); ``new_mems`` is None when ``mem_len == 0``.
+            ``(logits (B, T, V), new_mems)``, or ``(nll (B, T), new_mems)`` with ``targets`` (+ weights);
+            ``new_mems`` is None when ``mem_len == 0``.
         """
         b, t = tokens.shape
         m = 0 if mems is None else mems[0].shape[1]
@@ -130,8 +155,16 @@ class LanguageModel(KernelRegularized, nn.Module):
             x, w = out if need_weights else (out, None)
             weights.append(w and w["self"])
         x = self.drop(self.final_norm(x))
-        weight = self.embed.weight if self.output is None else self.output.weight
-        logits = x @ weight.t()
+        if self.adaptive is not None and targets is not None:
+            logits = -self.adaptive(x.reshape(b * t, -1), targets.reshape(-1)).output.view(b, t)
+        elif self.adaptive is not None:
+            logits = self.adaptive.log_prob(x.reshape(b * t, -1)).view(b, t, -1)
+        else:
+            logits = x @ (self.embed.weight if self.output is None else self.output.weight).t()
+            if targets is not None:
+                wide = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: the NLL in float32
+                logits = F.cross_entropy(logits.to(wide).reshape(b * t, -1), targets.reshape(-1),
+                                         reduction="none").view(b, t)
         new_mems = self._update_mems(hids, mems)
         return (logits, new_mems, weights) if need_weights else (logits, new_mems)
 

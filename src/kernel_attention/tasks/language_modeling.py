@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernel_attention.data.wikitext import LMOrderedIterator
@@ -125,9 +124,8 @@ class LanguageModelingTask(Task):
         batch = self.to_device(batch)
         if batch["reset"]:
             self._mems = None
-        logits, self._mems = model(batch["input"], self._mems)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch["target"].reshape(-1))
-        return loss, {}
+        nll, self._mems = model(batch["input"], self._mems, targets=batch["target"])
+        return nll.float().mean(), {}
 
     def evaluate(self, model, split):
         m = unwrap(model)
@@ -142,9 +140,8 @@ class LanguageModelingTask(Task):
             mems, nll, n = None, 0.0, 0
             for seg in it:
                 x, y = seg.input.to(self.device), seg.target.to(self.device)
-                logits, mems = m(x, mems)
-                nll += float(F.cross_entropy(logits.detach().float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                             reduction="sum"))
+                seg_nll, mems = m(x, mems, targets=y)
+                nll += float(seg_nll.detach().float().sum())
                 n += y.numel()
         finally:
             m.mem_len = saved[0]
