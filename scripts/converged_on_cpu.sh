@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The converged study cells on this machine's CPU, one process per core, in the order the results need them:
+# the NMT columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.
+#
+#   [PROCS=2] [OUT=studies] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
+#
+# Each process walks the same queue; the runner's cell locks keep two processes off one cell, finished cells
+# are skipped and unfinished ones resume from their last.pt, so the script can be stopped (kill its process
+# group) and started again at any time.  Cells whose configuration equals one finished in another study under
+# the same OUT (the SP rows TD Tables 1, 3 and 4 share) are carried over, not trained again.  Each study is
+# collected (runs.csv, table.md, figures) after its cells; copy OUT/<study>-converged/runs.csv and figures to
+# docs/results/<study>-converged/ to publish them (kernel-attention study report).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PROCS=${PROCS:-$(nproc)}
+OUT=${OUT:-studies}
+KA=${KA:-.venv/bin/kernel-attention}
+QUEUE=(dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt dissection-values:t4-nmt
+       ika-translation: dissection-positions:t1-sp dissection-kernels:t2-sp dissection-order:t3-sp
+       dissection-values:t4-sp)
+mkdir -p "$OUT/logs"
+walk() {
+    for set in "${QUEUE[@]}"; do
+        name=${set%%:*}; only=${set#*:}
+        "$KA" study "$name" --scale converged ${only:+--only "$only"} --out "$OUT" --threads 1 --no-figures
+    done
+}
+for i in $(seq "$PROCS"); do
+    walk > "$OUT/logs/queue.$i.log" 2>&1 &
+    sleep 5
+done
+wait
+for name in dissection-positions dissection-kernels dissection-order dissection-values ika-translation; do
+    "$KA" study "$name" --scale converged --out "$OUT" --collect-only
+done
