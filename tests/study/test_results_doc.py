@@ -218,6 +218,17 @@ def test_the_checklist_prefers_a_converged_set(tmp_path):
         "intro: intro.md\nsections:\n  - {set: positions-small, title: small, prose: positions-small/prose.md}\n")
     line = next(x for x in render_page(root).splitlines() if x.startswith("| Positions in a product kernel"))
     assert "`positions-small` (small)" in line and "1 one seed, no test" in line
+    # a converged set of one seed cannot test: a small set that can keeps the mark
+    for name in ("positions-small", "positions-converged"):
+        shutil.rmtree(root / name)
+    _tiny_set(root, "positions-small", "small", 3, better=5.0)            # Shaw better in every seed: holds
+    _tiny_set(root, "positions-converged", "converged", 1, better=-5.0)
+    (root / "sections.yaml").write_text(
+        "intro: intro.md\nsections:\n"
+        "  - {set: positions-small, title: small, prose: positions-small/prose.md}\n"
+        "  - {set: positions-converged, title: converged, prose: positions-converged/prose.md}\n")
+    line = next(x for x in render_page(root).splitlines() if x.startswith("| Positions in a product kernel"))
+    assert "`positions-small` (small)" in line and "| 1 | 0 | 0 |" in line
 
 
 def test_a_set_of_two_scales_is_refused(tmp_path):

@@ -8,7 +8,7 @@ prose).  ``--check`` renders it and compares it with the page on disk.
               tables), the revisions of the code that ran the cells, the marks of the study's comparisons
               on this set, the figures
     checklist = per finding (:data:`.findings.FINDINGS`): its comparisons marked on the set of its study that
-              :meth:`.resultset.Manifest.checklist_set` picks (converged scale first, else small)
+              :meth:`.resultset.Manifest.checklist_marks` picks (converged scale first, else small)
 
 Figures are linked as ``<results folder name>/<set>/<file>.png``: the page sits beside its results folder
 (docs/results.md, docs/results/), wherever the two are written.
@@ -65,17 +65,16 @@ def _checklist(man: Manifest) -> list[str]:
     """The findings checklist: a summary table, then each finding's comparisons with their marks."""
     out = ["## Findings checklist", "",
            "Each claim of the papers, tested by the comparisons of table cells it rests on (section \"How the "
-           "marks are made\" below).  A study's marks come from its converged-scale set where there is one, "
-           "else from its small-scale set; the column \"marks from\" names the set and scale.", "",
+           "marks are made\" below).  Each comparison is marked on the converged-scale set of its study where "
+           "that set has two seeds or more of both cells, else on the small-scale set; the column \"marks "
+           "from\" names the sets and scales.", "",
            "| finding | paper | marks from | holds | reversed | within noise | other |", "|---" * 7 + "|"]
     details = []
     for f in FINDINGS:
         studies = {c.study for c in _comparisons_of(f.id)}
         rows: list[tuple[ResultSet, Marked]] = []
         for study in sorted(studies):
-            s = man.checklist_set(study)
-            if s is not None:
-                rows += [(s, m) for m in s.marked if m.comparison.finding == f.id]
+            rows += [(s, m) for s, m in man.checklist_marks(study) if m.comparison.finding == f.id]
         src = ", ".join(sorted({f"`{s.name}` ({s.scale})" for s, _ in rows})) or "no set"
         n = _counts([m for _, m in rows])
         other = ", ".join(f"{v} {k}" for k, v in n.items() if v and k not in ("holds", "reversed", "within noise"))

@@ -121,15 +121,19 @@ class Manifest:
         raise KeyError(f"no result set {name!r} in {self.root / 'sections.yaml'}; sets: "
                        f"{', '.join(s.name for s in self.sets)}")
 
-    def checklist_set(self, study: str) -> ResultSet | None:
-        """The set whose marks the checklist shows for ``study``: the first in the manifest of the first scale
-        of :data:`SCALE_PREFERENCE` that a set (``checklist`` true) of the study has."""
-        mine = [s for s in self.sets if s.checklist and s.study.name == study]
-        for scale in SCALE_PREFERENCE:
-            for s in mine:
-                if s.scale == scale:
-                    return s
-        return None
+    def checklist_marks(self, study: str) -> list[tuple[ResultSet, Marked]]:
+        """The marks the checklist shows for ``study``'s comparisons: each from the first set (``checklist``
+        true) in the order of :data:`SCALE_PREFERENCE`, then of the manifest, on which the comparison is
+        tested (two pairs or more), else from the first set that has it at all -- so a converged set that
+        holds some seeds yet takes over each comparison as soon as it can test it."""
+        mine = [s for scale in SCALE_PREFERENCE for s in self.sets
+                if s.checklist and s.study.name == study and s.scale == scale]
+        out = []
+        for i, c in enumerate(m.comparison for m in (mine[0].marked if mine else [])):
+            options = [(s, s.marked[i]) for s in mine]
+            tested = [o for o in options if o[1].paired.n >= 2]
+            out.append((tested or options)[0])
+        return out
 
 
 def load_manifest(root: str | Path) -> Manifest:
