@@ -3,6 +3,7 @@ the committed page is the generated one, any change to a CSV changes it, ``--che
 and the paired differences and marks it shows are those computed by hand on tiny inputs."""
 
 import csv
+import functools
 import math
 import re
 import shutil
@@ -276,3 +277,21 @@ def test_csv_round_trip_renders_the_same_tables(tmp_path):
     again = read_csv(write_csv(tmp_path / "runs.csv", study, records))
     assert render_tables(study, again, [], "small") == render_tables(study, records, [], "small")
     assert isinstance(again[0]["seed"], int) and isinstance(again[0]["test"], float)
+
+
+def test_a_study_names_the_revision_it_started_with(tmp_path, monkeypatch):
+    """The code a study process runs is what it imported: a commit made while its cells train does not
+    rename them (the runner reads the revision before its first cell; the answer is cached)."""
+    from kernel_attention.study import StudyOptions, execute, runner
+
+    checkout = {"head": "1111111"}
+    monkeypatch.setattr(runner, "code_revision", functools.lru_cache(maxsize=1)(lambda: checkout["head"]))
+    train = runner.run_cell
+
+    def run_cell(*args, **kwargs):
+        checkout["head"] = "2222222"   # a commit while the cells train
+        return train(*args, **kwargs)
+    monkeypatch.setattr(runner, "run_cell", run_cell)
+    execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path, log=lambda m: None, figures=False)
+    records = read_csv(tmp_path / "synthetic-smoke" / "runs.csv")
+    assert len(records) == 2 and {r["revision"] for r in records} == {"1111111"}

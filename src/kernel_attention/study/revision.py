@@ -5,7 +5,9 @@
                                             then HEAD's and more: the suffix says so)
                          ""                 not a git checkout (an installed package), or no git
 
-One call of ``git`` each per process: the answer is cached, since a study process runs one code state.
+One call of ``git`` each per process: the answer is cached, since a study process runs one code state, and
+:func:`~kernel_attention.study.runner.run_study` asks before its first cell, so that a commit made while the
+process trains does not name code it did not run.
 """
 
 from __future__ import annotations

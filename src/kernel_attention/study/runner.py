@@ -290,6 +290,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     the folders of cells finished with another configuration aside and run them (module docstring).
     ``checkpoint_minutes``: how often each cell writes ``last.pt``; ``command``: the command line each record
     keeps (:func:`run_cell`)."""
+    code_revision()  # read HEAD now: the code this process imported, not the checkout when its first cell ends
     cells, shrink = study.cells(options)
     twins = twins_of(cells)  # over the whole grid: a twin outside ``options.only`` is carried too
 
