@@ -164,3 +164,17 @@ def test_similarity_magnitude_panels_are_labelled(tmp_path):
     finally:
         plt.close(fig)
     assert open(figures.similarity_magnitude(tmp_path / "f3.png", series, "x"), "rb").read(8) == PNG
+
+
+def test_a_long_training_loss_is_drawn_as_its_running_mean():
+    from kernel_attention.study.figures import SMOOTH, _running_mean
+
+    short = [3.0, 1.0, 2.0]
+    assert list(_running_mean(short)) == short                       # few points: drawn as logged
+    n = 4 * SMOOTH                                                   # window 4
+    values = [float(i % 4) for i in range(n)]                        # 0, 1, 2, 3, 0, ...
+    mean = _running_mean(values)
+    assert mean[0] == 0.0 and mean[1] == 0.5 and mean[2] == 1.0      # fewer points at the start
+    assert np.allclose(mean[3:], 1.5)                                # then the mean of the last four
+    values[10] = float("nan")
+    assert np.isnan(_running_mean(values)[10])

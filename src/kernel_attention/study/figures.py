@@ -190,11 +190,30 @@ def _study_title(cells) -> str | None:
     return study.title if study is not None else None
 
 
+#: a training loss logged at more than this many steps is drawn as its running mean over 1/SMOOTH of them
+SMOOTH = 50
+
+
+def _running_mean(values: list[float]) -> np.ndarray:
+    """The trailing mean of ``values`` over max(1, len / SMOOTH) points (fewer at the start), so that a loss
+    logged every step reads as a curve; NaN (a diverged step) stays NaN."""
+    v = np.asarray(values, float)
+    w = max(1, len(v) // SMOOTH) if len(v) > 2 * SMOOTH else 1
+    if w == 1:
+        return v
+    c = np.cumsum(np.where(np.isfinite(v), v, 0.0))
+    n = np.minimum(np.arange(1, len(v) + 1), w)
+    mean = (c - np.concatenate([np.zeros(w), c[:-w]])) / n
+    return np.where(np.isfinite(v), mean, np.nan)
+
+
 def _draw(ax, variant: _Variant, part: str, mode: str, colour) -> bool:
     """The lines of ``variant`` for ``part`` on ``ax``; True when something was drawn."""
     drawn = False
     marker = {"marker": "o", "ms": 3} if part == "valid" else {}
     for steps, values, std in variant.lines(part, mode):
+        if part == "train":
+            values = _running_mean(values)
         ax.plot(steps, values, color=colour, lw=0.9, alpha=0.9, label=variant.label, **marker)
         if std is not None:
             v = np.asarray(values, float)
@@ -248,7 +267,8 @@ def training_curves_figure(table, cells, dir_of: Callable, results: list[dict], 
             ax.tick_params(labelsize=7)
     how = ("one line per variant: the seed with the best validation score" if mode == "best" else
            "one line per variant: mean over seeds, band \N{PLUS-MINUS SIGN} 1 std")
-    how += f" (up to {n_seeds} seed{'s' if n_seeds != 1 else ''}); x: diverged"
+    how += f" (up to {n_seeds} seed{'s' if n_seeds != 1 else ''}); x: diverged\n" \
+        f"a training loss logged at over {2 * SMOOTH} steps: its running mean over 1/{SMOOTH} of them"
     fig.suptitle("\n".join(t for t in (_study_title(cells), f"{table.title}: training loss and "
                                                             f"{valid_label} per step", how) if t), fontsize=9)
     return fig
