@@ -39,6 +39,24 @@ def test_the_configuration_key_compares_numbers_by_value_and_keeps_probes_apart(
         (("t4__ikan_direct__housing", "p-sweep__p=3__housing"), ("p-sweep__p=3__housing", "t4__ikan_direct__housing"))}
 
 
+def test_an_attention_option_spelled_at_its_default_is_the_same_configuration():
+    cfg = {"model": {"encoder_attention": {"position": "shaw"}, "attention": {"kernel": "exp"}}}
+    spelled = {"model": {"encoder_attention": {"position": "shaw", "value_position": "none"},
+                         "attention": {"kernel": "exp", "value_position": False}}}
+    other = {"model": {"encoder_attention": {"position": "shaw", "value_position": "absolute"},
+                       "attention": {"kernel": "exp"}}}
+    key = Cell("s", "t", "r", "c", 0, cfg).key
+    assert Cell("s", "t", "r", "c", 0, spelled).key == key != Cell("s", "t", "r", "c", 0, other).key
+    assert spelled["model"]["encoder_attention"]["value_position"] == "none"  # the cell's config is not edited
+    # TD Table 4's column II (no positions in the value) is Table 1's row for Shaw, XL and Eq. 9, not Vaswani's
+    # (Table 1 adds the PE at the input, so to the value as well)
+    for scale in ("small", "converged"):
+        t1 = {c.key: c.id for c in get_study("dissection-positions").cells(StudyOptions(scale=scale, seeds=1))[0]}
+        t4 = get_study("dissection-values").cells(StudyOptions(scale=scale, seeds=1))[0]
+        assert {c.id: t1[c.key] for c in t4 if c.key in t1} == {
+            f"t4-{t}__{r}__{t}-II__s1": f"t1-{t}__{r}__{t}__s1" for t in ("sp", "nmt") for r in ("shaw", "xl", "eq9")}
+
+
 def test_a_twin_carries_its_result_and_is_not_trained_again(tmp_path):
     study, opts, out = _study(), StudyOptions(scale="small"), tmp_path / "out"
     cells = {c.id: c for c in study.build(opts)[0]}

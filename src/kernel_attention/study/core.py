@@ -30,6 +30,11 @@ __all__ = ["Cell", "TableSpec", "Study", "StudyOptions", "STUDIES", "register_st
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 
+#: Attention options (of ``model.attention`` / ``model.*_attention``) whose spelled values mean what leaving
+#: them out means in every model, so that a config spelling them is the same run as one omitting them: TD
+#: Table 4's column II spells ``value_position: none`` (TD Eq. 8), Table 1's rows leave it out.
+ATTENTION_DEFAULTS: dict[str, tuple[Any, ...]] = {"value_position": ("none", False)}
+
 
 @dataclasses.dataclass
 class StudyOptions:
@@ -66,13 +71,20 @@ class Cell:
     def key(self) -> str:
         """16 hex digits of a SHA-256 of the configuration that decides this cell's run: the config with
         numbers compared by value (the ``p: 3`` of a YAML file is a sweep's ``p = 3.0``) and without the
-        folder the dataset is read from (``--data``), plus the probe flag (a probed run also writes the
+        folder the dataset is read from (``--data``) and without attention options spelled at the value their
+        absence means (:data:`ATTENTION_DEFAULTS`), plus the probe flag (a probed run also writes the
         records the figures read).  Result records keep it (``config``), so that a result run with another
         configuration -- the same cell after a config was corrected -- is told apart (:mod:`.runner`)."""
         cfg = copy.deepcopy(self.config)
         ds = (cfg.get("data") or {}).get("dataset") if isinstance(cfg.get("data"), dict) else None
         if isinstance(ds, dict) and "name" in ds:
             cfg["data"]["dataset"] = ds["name"]
+        model = cfg.get("model")
+        for name, block in (model.items() if isinstance(model, dict) else ()):
+            if name.endswith("attention") and isinstance(block, dict):
+                for opt, same in ATTENTION_DEFAULTS.items():
+                    if opt in block and block[opt] in same:
+                        del block[opt]
         text = json.dumps([_normal(cfg), bool(self.tags.get("probe"))], sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -14,7 +14,8 @@ over.  Carried cells have no training log, like imported ones (:mod:`.carry`), s
 show the run once.
 
 Across studies: Transformer Dissection Tables 1 and 3 share three cells per seed (Eq. 9 and Vaswani's sum on
-SP, Eq. 9 everywhere on NMT).  A cell with no finished twin in its own study takes the record of a finished
+SP, Eq. 9 everywhere on NMT), Tables 1 and 4 six (column II of Shaw, XL and Eq. 9 on SP and NMT: no positions
+in the value, which Table 4 spells ``value_position: none`` and Table 1 leaves out, see :attr:`.core.Cell.key`).  A cell with no finished twin in its own study takes the record of a finished
 cell of another study under the same output folder whose record names the cell's configuration key
 (``"config"``; records written before keys were recorded are not matched), ``same_config_as`` then reading
 ``<study>/<cell>``.  The other studies' records are indexed once per invocation; one that finishes later, or
