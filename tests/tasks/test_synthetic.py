@@ -43,6 +43,16 @@ def test_label_smoothing_matches_fairseq_formula():
     assert n == 11
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(nll, ref_nll.mean())
+    # PyTorch's own smoothed cross-entropy spreads eps' / V over every class: eps' = eps V / (V - 1) is fairseq's
+    x = logits.clone().requires_grad_(True)
+    label_smoothed_nll(x, target, 0.1, ignore_index=0)[0].backward()
+    y = logits.clone().requires_grad_(True)
+    torch.nn.functional.cross_entropy(y.reshape(-1, 7), target.reshape(-1), ignore_index=0,
+                                      label_smoothing=0.1 * 7 / 6).backward()
+    torch.testing.assert_close(x.grad, y.grad)
+    # nothing to score: zeros, not NaN
+    loss, nll, n = label_smoothed_nll(logits, torch.zeros_like(target), 0.1, ignore_index=0)
+    assert n == 0 and float(loss) == float(nll) == 0.0
 
 
 def test_copy_trains_evaluates_and_decodes(train):

@@ -139,27 +139,51 @@ def test_config_errors_and_cpu_precision(tmp_path):
         TrainConfig.from_dict({"max_steps": 1, "bogus": 2})
     with pytest.raises(ValueError, match="unknown schedule 'warm'; accepted: constant, cosine, inverse_sqrt"):
         TrainConfig(max_steps=1, schedule="warm")
-    with pytest.warns(UserWarning, match="needs CUDA"):
-        t = Trainer(ToyTask(), _cfg(max_steps=1, precision="bf16", device="cpu"), tmp_path)
+    with pytest.warns(UserWarning, match="'fp16' needs CUDA"):
+        t = Trainer(ToyTask(), _cfg(max_steps=1, precision="fp16", device="cpu"), tmp_path)
     assert t.precision == "fp32"
+
+
+class _DtypeSeen(ToyTask):
+    """Records the dtype of the output layer's result in training steps: bfloat16 where a step is autocast."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.seen: set[torch.dtype] = set()
+
+    def build_model(self):
+        m = super().build_model()
+        m.out.register_forward_hook(lambda mod, args, out: self.seen.add(out.dtype) if mod.training else None)
+        return m
+
+
+def _mixed_precision_resumes_exactly(tmp_path, device, precision):
+    cfg = dict(device=device, precision=precision)
+    task = _DtypeSeen()
+    full = Trainer(task, _cfg(**cfg), tmp_path / "full")
+    assert full.precision == precision and full.scaler.is_enabled() == (precision == "fp16")
+    full.fit()
+    assert task.seen == {full.amp_dtype}  # the weights stay float32, the matmuls run in the low precision
+    Trainer(ToyTask(), _cfg(stop_after=6, **cfg), tmp_path / "part").fit()
+    ck = load_checkpoint(tmp_path / "part" / "last.pt")
+    assert (ck["scaler"] is not None) == (precision == "fp16")
+    Trainer(ToyTask(), _cfg(**cfg), tmp_path / "part").fit()
+    a = load_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
+    assert all(a[k].dtype == torch.float32 and torch.equal(a[k], b[k]) for k in a)
+    assert all(math.isfinite(r["loss"]) for r in _records(tmp_path / "full") if r["split"] == "train")
+
+
+def test_bf16_on_the_cpu_autocasts_and_resumes_exactly(tmp_path):
+    _mixed_precision_resumes_exactly(tmp_path, "cpu", "bf16")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_on_cuda_resumes_exactly(tmp_path, precision):
-    cfg = dict(device="cuda", precision=precision)
-    full = Trainer(ToyTask(), _cfg(**cfg), tmp_path / "full")
-    assert full.precision == precision and full.scaler.is_enabled() == (precision == "fp16")
-    full.fit()
-    Trainer(ToyTask(), _cfg(stop_after=6, **cfg), tmp_path / "part").fit()
-    ck = load_checkpoint(tmp_path / "part" / "last.pt")
-    assert (ck["scaler"] is not None) == (precision == "fp16") and ck["rng"][0]["cuda"] is not None
-    Trainer(ToyTask(), _cfg(**cfg), tmp_path / "part").fit()
-    a = load_checkpoint(tmp_path / "full" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert all(math.isfinite(r["loss"]) for r in _records(tmp_path / "full") if r["split"] == "train")
+    _mixed_precision_resumes_exactly(tmp_path, "cuda", precision)
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["rng"][0]["cuda"] is not None
 
 
 def test_time_based_checkpoint_bounds_what_a_kill_loses(tmp_path, monkeypatch):

@@ -27,16 +27,17 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     lprobs = F.log_softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])
     target = target.reshape(-1)
     keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target.ne(ignore_index)
-    lprobs, target = lprobs[keep], target[keep]
-    n = int(target.numel())
-    nll = -lprobs.gather(1, target[:, None]).squeeze(1)
+    # ignored tokens are weighted by 0 rather than indexed out: selecting rows would copy the (N, V) lprobs
+    nll = -lprobs.gather(1, target.masked_fill(~keep, 0)[:, None]).squeeze(1)
     if epsilon > 0:
         eps_i = epsilon / (lprobs.shape[-1] - 1)
         loss = (1.0 - epsilon - eps_i) * nll - eps_i * lprobs.sum(-1)
     else:
         loss = nll
+    w = keep.to(lprobs.dtype)
+    n = int(keep.sum())
     denom = max(n, 1)
-    return loss.sum() / denom, nll.sum() / denom, n
+    return (loss * w).sum() / denom, (nll * w).sum() / denom, n
 
 
 def generator(seed: int, *salt: Any) -> torch.Generator:

@@ -70,7 +70,7 @@ class TrainConfig:
     schedule: Any = "constant"          # a SCHEDULES spec: "inverse_sqrt:warmup=4000", {"name": "cosine"}, ...
     clip_norm: float = 0.0              # max global grad norm; 0 = no clipping
     accum_steps: int = 1                # micro-batches per update
-    precision: str = "fp32"             # "fp32" | "bf16" | "fp16"
+    precision: str = "fp32"             # "fp32" | "bf16" (autocast, CPU or CUDA) | "fp16" (CUDA only)
     regularization_weight: float = 1.0  # weight of model.regularization() when the model has one
     log_every: int = 1                  # steps between "train" records
     eval_every: int = 0                 # steps between "valid" evaluations; 0 = only at the end

@@ -102,8 +102,8 @@ class Trainer:
         self.metrics = RunLog(self.run_dir, main=self.is_main, tensorboard=config.tensorboard)
 
         self.precision = config.precision
-        if self.precision != "fp32" and self.device.type != "cuda":
-            warnings.warn(f"precision {self.precision!r} needs CUDA; training in fp32 on {self.device}")
+        if self.precision == "fp16" and self.device.type != "cuda":  # its loss scaler is CUDA's
+            warnings.warn(f"precision 'fp16' needs CUDA; training in fp32 on {self.device} ('bf16' runs there)")
             self.precision = "fp32"
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
 
