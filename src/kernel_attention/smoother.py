@@ -70,6 +70,14 @@ class PositionalTerms:
     def __bool__(self) -> bool:
         return self.has_logits or bool(self.value)
 
+    def to(self, dtype: torch.dtype) -> "PositionalTerms":
+        """These terms with every floating-point tensor in ``dtype`` (the index tensors kept)."""
+        def cast(x):
+            if isinstance(x, Tensor) and x.is_floating_point():
+                return x.to(dtype)
+            return type(x)(cast(y) for y in x) if isinstance(x, (list, tuple)) else x
+        return dataclasses.replace(self, **{f.name: cast(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
     @property
     def has_logits(self) -> bool:
         return any(x is not None for x in (self.q_feat, self.key_bias, self.bias)) or bool(

@@ -18,6 +18,8 @@ Table 2.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor, nn
 
@@ -152,14 +154,20 @@ class KernelAttention(nn.Module):
         if pos_q.shape[1] != tq or pos_k.shape[1] != tk:
             raise ValueError(f"positions do not match the sequences: pos_q has {pos_q.shape[1]} for Tq={tq}, "
                              f"pos_k has {pos_k.shape[1]} for Tk={tk}")
-        q, k, v, terms = self.project(query, key, pos_q, pos_k, offset)
-        float_mask = isinstance(mask, Tensor) and mask.is_floating_point()
-        filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
-        bias = mask if float_mask else None
-        check_broadcast("mask", bias, q, k)  # named as the caller passed it; attention() checks it as a bias
-        out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
-                                  dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-                                  backend=self.backend)
+        # a direct kernel's weights are as exact as q and k (kernel_attention.attention): its projections
+        # stay in float32 under autocast too
+        wide = not self.kernel.positive and torch.is_autocast_enabled(query.device.type)
+        with torch.autocast(query.device.type, enabled=False) if wide else contextlib.nullcontext():
+            if wide:
+                query, key = query.float(), key.float()
+            q, k, v, terms = self.project(query, key, pos_q, pos_k, offset)
+            float_mask = isinstance(mask, Tensor) and mask.is_floating_point()
+            filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
+            bias = mask if float_mask else None
+            check_broadcast("mask", bias, q, k)  # named as the caller passed it; attention() checks it as a bias
+            out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
+                                      dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+                                      backend=self.backend)
         out, weights = out if need_weights else (out, None)
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))
