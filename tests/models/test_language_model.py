@@ -118,6 +118,22 @@ def test_adaptive_softmax_gives_log_probabilities_whose_nll_is_torchs_adaptive_l
     assert model.adaptive.head.weight.grad is not None and model.embed.weight.grad is not None
 
 
+@pytest.mark.parametrize("adaptive", [None, {"cutoffs": [5, 12], "div_value": 2.0}])
+def test_bf16_autocast_on_the_cpu_gives_float32_nll_close_to_float32s(adaptive):
+    """Under CPU autocast the blocks run in bfloat16; the per-word NLL comes out in float32 (the adaptive
+    soft-max is computed outside autocast: torch's module cannot mix the dtypes CPU autocast gives it)."""
+    torch.manual_seed(2)
+    model = tiny(adaptive=adaptive, tie_output=adaptive is None).float()
+    tokens, y = torch.randint(0, 23, (2, 12)), torch.randint(0, 23, (2, 12))
+    ref, _ = model(tokens, targets=y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        nll, _ = model(tokens, targets=y)
+    assert nll.dtype == torch.float32
+    torch.testing.assert_close(nll, ref, rtol=3e-2, atol=3e-2)
+    nll.sum().backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize("adaptive", [{"cutoffs": []}, {"cutoffs": [12, 5]}, {"cutoffs": [5, 23]},
                                       {"cutoffs": [5], "div": 2}])
 def test_adaptive_softmax_settings_are_checked(adaptive):

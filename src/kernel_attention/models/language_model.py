@@ -155,10 +155,13 @@ class LanguageModel(KernelRegularized, nn.Module):
             x, w = out if need_weights else (out, None)
             weights.append(w and w["self"])
         x = self.drop(self.final_norm(x))
-        if self.adaptive is not None and targets is not None:
-            logits = -self.adaptive(x.reshape(b * t, -1), targets.reshape(-1)).output.view(b, t)
-        elif self.adaptive is not None:
-            logits = self.adaptive.log_prob(x.reshape(b * t, -1)).view(b, t, -1)
+        if self.adaptive is not None:
+            # in float32 outside autocast: torch's adaptive soft-max writes its clusters' log-probabilities
+            # into an output of the input's dtype, which CPU autocast's bfloat16 log_softmax does not match
+            with torch.autocast(x.device.type, enabled=False):
+                h = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(b * t, -1)
+                logits = (-self.adaptive(h, targets.reshape(-1)).output.view(b, t) if targets is not None
+                          else self.adaptive.log_prob(h).view(b, t, -1))
         else:
             logits = x @ (self.embed.weight if self.output is None else self.output.weight).t()
             if targets is not None:
