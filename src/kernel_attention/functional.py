@@ -237,20 +237,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         (B, H, Tq, Dv), or ``(output, weights)`` when ``need_weights``.  A query whose filtered set is
         empty gets zeros (and zero gradient), never NaN.
 
-    A direct kernel (``poly``, ``linear``, ``linear-magnitude``: no log-kernel) is computed in float32 when
-    the inputs are half precision or autocast is on, and its output returned in q's dtype: its normaliser
-    sum_j k(q_i, k_j) is a plain sum, which cancels (signed kernels) or overflows float16 at 8 or 11 bits of
-    mantissa, where an exp-family kernel's soft-max subtracts its row maximum.
+    A direct kernel (``poly``, ``linear``, ``linear-magnitude``: no log-kernel) is computed in float32 (at
+    least) when the inputs are half precision or autocast is on, and its output returned in q's dtype: its
+    normaliser sum_j k(q_i, k_j) is a plain sum, which cancels at bfloat16's 8 bits of mantissa (a signed
+    kernel) and overflows float16's range, where an exp-family kernel's soft-max subtracts the row maximum.
     """
     kern = _from_spec("kernel", kernel, make_kernel, _stateless)
     out_dtype = q.dtype
     wide = not kern.positive and (q.dtype in (torch.float16, torch.bfloat16)
                                   or torch.is_autocast_enabled(q.device.type))
     if wide:
-        q, k, v = q.float(), k.float(), v.float()
-        mask = mask.float() if isinstance(mask, Tensor) and mask.is_floating_point() else mask
-        bias = bias.float() if bias is not None else None
-        terms = terms.to(torch.float32) if terms is not None else None
+        dt = torch.promote_types(q.dtype, torch.float32)
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        mask = mask.to(dt) if isinstance(mask, Tensor) and mask.is_floating_point() else mask
+        bias = bias.to(dt) if bias is not None else None
+        terms = terms.to(dt) if terms is not None else None
     problem = build_problem(q, k, v, kern, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights)
     from kernel_attention.backends import choose

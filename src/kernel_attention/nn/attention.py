@@ -159,7 +159,8 @@ class KernelAttention(nn.Module):
         wide = not self.kernel.positive and torch.is_autocast_enabled(query.device.type)
         with torch.autocast(query.device.type, enabled=False) if wide else contextlib.nullcontext():
             if wide:
-                query, key = query.float(), key.float()
+                dt = torch.promote_types(query.dtype, torch.float32)
+                query, key = query.to(dt), key.to(dt)
             q, k, v, terms = self.project(query, key, pos_q, pos_k, offset)
             float_mask = isinstance(mask, Tensor) and mask.is_floating_point()
             filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
