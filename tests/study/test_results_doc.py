@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernel_attention.cli import main
-from kernel_attention.study import get_study, study_names
+from kernel_attention.study import StudyOptions, get_study, study_names
 from kernel_attention.study.findings import COMPARISONS, FINDINGS, Comparison, paper_direction
 from kernel_attention.study.placeholders import PlaceholderError, fill
 from kernel_attention.study.report import CSV_FIELDS, read_csv, render_tables, write_csv
@@ -199,6 +199,29 @@ def _tiny_set(root: Path, name: str, scale: str, seeds: int, better: float) -> N
     (root / name).mkdir(parents=True)
     write_csv(root / name / "runs.csv", study, rows)
     (root / name / "prose.md").write_text(f"Wall {{{{ wall {name} }}}}.\n")
+
+
+def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_configuration(tmp_path):
+    root = tmp_path / "results"
+    _tiny_set(root, "positions-converged", "converged", 3, better=-5.0)
+    (root / "intro.md").write_text("intro\n")
+    (root / "sections.yaml").write_text(
+        "intro: intro.md\nsections:\n"
+        "  - {set: positions-converged, title: converged, prose: positions-converged/prose.md}\n")
+    study = get_study("dissection-positions")
+    cells, changes = study.cells(StudyOptions(scale="converged", seeds=3))
+    key = {c.id: c.key for c in cells}
+    path = root / "positions-converged" / "runs.csv"
+    rows = read_csv(path)
+    for r in rows:
+        r["config"] = key[r["cell"]]
+    write_csv(path, study, rows)
+    text = fill("{{ changes positions-converged }}", load_manifest(root))
+    assert text.splitlines() == [f"- {c}" for c in changes] and any("train.max_steps" in c for c in changes)
+    rows[2]["config"] = "0" * 16   # a row run with an earlier configuration of the scale
+    write_csv(path, study, rows)
+    with pytest.raises(PlaceholderError, match="1 row.* ran with another configuration"):
+        fill("{{ changes positions-converged }}", load_manifest(root))
 
 
 def test_the_checklist_prefers_a_converged_set(tmp_path):

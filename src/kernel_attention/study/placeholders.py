@@ -7,6 +7,10 @@
     {{ cells SET }}                                      the number of runs.csv rows of the set
     {{ seeds SET }}                                      the seeds (folds, splits) the set ran, e.g. "1-5"
     {{ params SET / TABLE / ROW / COL }}                 the cell's model size in parameters, e.g. "16.1M"
+    {{ changes SET }}                                    what the set's scale changes relative to the paper's
+                                                         configuration (a list, one "- " line each), read from
+                                                         the study's code: an error if a row of the set ran
+                                                         with another configuration than its cell's current one
 
 Ids are those of runs.csv (``t1-sp``, ``vaswani``, ``sp``).  A placeholder of another form, or one naming a
 set, table, row or column there is not, is an error (:class:`PlaceholderError`), so a typo cannot pass as
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from kernel_attention.study.core import StudyOptions
 from kernel_attention.study.resultset import Manifest
 
 __all__ = ["fill", "PlaceholderError", "PLACEHOLDER"]
@@ -37,7 +42,7 @@ def _seeds(seeds: list[int]) -> str:
 def _value(manifest: Manifest, expr: str) -> str:
     words = expr.split(None, 1)
     kind, rest = (words[0], words[1] if len(words) > 1 else "") if words and words[0] in (
-        "diff", "wall", "cells", "seeds", "params") else ("cell", expr)
+        "diff", "wall", "cells", "seeds", "params", "changes") else ("cell", expr)
     parts = [p.strip() for p in rest.split("/")]
     try:
         s = manifest.get(parts[0])
@@ -47,6 +52,8 @@ def _value(manifest: Manifest, expr: str) -> str:
             return str(len(s.records))
         if kind == "seeds" and len(parts) == 1:
             return _seeds([int(r["seed"]) for r in s.records])
+        if kind == "changes" and len(parts) == 1:
+            return _changes(s)
         if kind == "cell" and len(parts) == 4:
             _known(s, *parts[1:])
             return s.cell_text(*parts[1:])
@@ -66,7 +73,18 @@ def _value(manifest: Manifest, expr: str) -> str:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
                            f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., wall SET, "
-                           f"cells SET, seeds SET, params SET / TABLE / ROW / COL)")
+                           f"cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
+
+
+def _changes(s) -> str:
+    """The set's scale changes as a list, after checking that its rows ran with the cells' configurations."""
+    cells, changes = s.study.cells(StudyOptions(scale=s.scale, seeds=max(int(r["seed"]) for r in s.records) + 1))
+    key = {c.id: c.key for c in cells}
+    other = [r["cell"] for r in s.records if r.get("config") and r.get("cell") in key and r["config"] != key[r["cell"]]]
+    if other:
+        raise KeyError(f"{len(other)} row(s) of {s.name} ran with another configuration than the {s.scale} "
+                       f"scale's current one (first: {other[0]}); run them again or describe them by hand")
+    return "\n".join(f"- {c}" for c in changes)
 
 
 def _known(s, table: str, row: str, col: str) -> None:
