@@ -218,6 +218,11 @@ def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_conf
     write_csv(path, study, rows)
     text = fill("{{ changes positions-converged }}", load_manifest(root))
     assert text.splitlines() == [f"- {c}" for c in changes] and any("train.max_steps" in c for c in changes)
+    rows[0]["wall_s"], rows[1]["wall_s"] = 0.0, 180.0   # carried over; trained in 3 min
+    write_csv(path, study, rows)
+    assert fill("{{ wall positions-converged / t1-sp }}", load_manifest(root)) == f"{(180 + 4 * 60) / 5 / 60:.1f} min"
+    with pytest.raises(PlaceholderError):
+        fill("{{ wall positions-converged / t9 }}", load_manifest(root))
     rows[2]["config"] = "0" * 16   # a row run with an earlier configuration of the scale
     write_csv(path, study, rows)
     with pytest.raises(PlaceholderError, match="1 row.* ran with another configuration"):

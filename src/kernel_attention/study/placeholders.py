@@ -4,6 +4,8 @@
     {{ diff SET / TABLE / ROW / COL / BROW / BCOL }}     the paired difference of the cell against the cell
                                                          (BROW, BCOL), positive = better (:mod:`.significance`)
     {{ wall SET }}                                       the summed wall time of the set's cells, in minutes
+    {{ wall SET / TABLE }}                               the mean wall time of the table's trained cells (those
+                                                         not carried over from a twin), in minutes
     {{ cells SET }}                                      the number of runs.csv rows of the set
     {{ seeds SET }}                                      the seeds (folds, splits) the set ran, e.g. "1-5"
     {{ params SET / TABLE / ROW / COL }}                 the cell's model size in parameters, e.g. "16.1M"
@@ -48,6 +50,12 @@ def _value(manifest: Manifest, expr: str) -> str:
         s = manifest.get(parts[0])
         if kind == "wall" and len(parts) == 1:
             return f"{sum(float(r.get('wall_s') or 0) for r in s.records) / 60:.1f} min"
+        if kind == "wall" and len(parts) == 2:
+            s.study.table(parts[1])  # KeyError for an unknown table
+            walls = [float(r["wall_s"]) for r in s.records if r["table"] == parts[1] and float(r.get("wall_s") or 0) > 0]
+            if not walls:
+                raise KeyError(f"table {parts[1]} of {s.name} has no trained cell")
+            return f"{sum(walls) / len(walls) / 60:.1f} min"
         if kind == "cells" and len(parts) == 1:
             return str(len(s.records))
         if kind == "seeds" and len(parts) == 1:
@@ -72,7 +80,7 @@ def _value(manifest: Manifest, expr: str) -> str:
     except KeyError as e:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
-                           f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., wall SET, "
+                           f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., wall SET [/ TABLE], "
                            f"cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
 
 
