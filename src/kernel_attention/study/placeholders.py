@@ -52,7 +52,8 @@ def _value(manifest: Manifest, expr: str) -> str:
             return f"{sum(float(r.get('wall_s') or 0) for r in s.records) / 60:.1f} min"
         if kind == "wall" and len(parts) == 2:
             s.study.table(parts[1])  # KeyError for an unknown table
-            walls = [float(r["wall_s"]) for r in s.records if r["table"] == parts[1] and float(r.get("wall_s") or 0) > 0]
+            walls = [float(r["wall_s"]) for r in s.records
+                     if r["table"] == parts[1] and float(r.get("wall_s") or 0) > 0]
             if not walls:
                 raise KeyError(f"table {parts[1]} of {s.name} has no trained cell")
             return f"{sum(walls) / len(walls) / 60:.1f} min"
@@ -80,8 +81,8 @@ def _value(manifest: Manifest, expr: str) -> str:
     except KeyError as e:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
-                           f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., wall SET [/ TABLE], "
-                           f"cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
+                           f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., "
+                           f"wall SET [/ TABLE], cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
 
 
 def _changes(s) -> str:
