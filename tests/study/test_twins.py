@@ -55,6 +55,10 @@ def test_an_attention_option_spelled_at_its_default_is_the_same_configuration():
         t4 = get_study("dissection-values").cells(StudyOptions(scale=scale, seeds=1))[0]
         assert {c.id: t1[c.key] for c in t4 if c.key in t1} == {
             f"t4-{t}__{r}__{t}-II__s1": f"t1-{t}__{r}__{t}__s1" for t in ("sp", "nmt") for r in ("shaw", "xl", "eq9")}
+        # Table 2's exp kernel (kernel: exp, symmetric: false spelled) is Table 1's Vaswani (NMT) and XL (SP) row
+        t2 = get_study("dissection-kernels").cells(StudyOptions(scale=scale, seeds=1))[0]
+        assert {c.id: t1[c.key] for c in t2 if c.key in t1} == {
+            "t2-nmt__exp__nmt-asym__s1": "t1-nmt__vaswani__nmt__s1", "t2-sp__exp__sp-asym__s1": "t1-sp__xl__sp__s1"}
 
 
 def test_a_twin_carries_its_result_and_is_not_trained_again(tmp_path):

@@ -32,8 +32,11 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 
 #: Attention options (of ``model.attention`` / ``model.*_attention``) whose spelled values mean what leaving
 #: them out means in every model, so that a config spelling them is the same run as one omitting them: TD
-#: Table 4's column II spells ``value_position: none`` (TD Eq. 8), Table 1's rows leave it out.
-ATTENTION_DEFAULTS: dict[str, tuple[Any, ...]] = {"value_position": ("none", False)}
+#: Table 4's column II spells ``value_position: none`` (TD Eq. 8) and Table 2's exp row ``kernel: exp,
+#: symmetric: false``, where Table 1's rows leave them out.  (``position`` is not one: its default is the
+#: model's, ``xl`` in the language model.)
+ATTENTION_DEFAULTS: dict[str, tuple[Any, ...]] = {"value_position": ("none", False), "kernel": ("exp",),
+                                                  "symmetric": (False,)}
 
 
 @dataclasses.dataclass
