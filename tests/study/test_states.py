@@ -57,3 +57,13 @@ def test_time_left_is_the_pace_so_far_over_the_planned_steps_and_older_logs_say_
     assert _how_far([{"step": 100, "split": "train", "wall_s": 7200.0, "planned_steps": 160}]) == \
         "logged to step 100 of 160 (7200 s; about 1h12m left)"
     assert _how_far([{"step": 100, "split": "train", "wall_s": 50.0}]) == "logged to step 100 (50 s)"
+
+
+def test_a_cell_to_run_names_its_twins_here_and_in_the_other_studies(tmp_path):
+    opts = StudyOptions(scale="converged")
+    states = {s.cell.id: s for s in cell_states(get_study("dissection-kernels"), opts, tmp_path)}
+    assert states["t2-nmt__exp__nmt-asym__s2"].detail == (
+        "same configuration as dissection-positions/t1-nmt__vaswani__nmt__s2, ika-translation/t3__transformer__bleu__s2")
+    assert states["t2-nmt__rbf__nmt-asym__s2"].detail == ""
+    assert format_states(list(states.values())).splitlines()[-1] == \
+        "48 cells: 48 to run (6 of them with a twin, carried once it has finished)"

@@ -15,7 +15,8 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
   resume goes back to the step of ``last.pt``, at most ``train.checkpoint_minutes`` earlier), and whether a
   ``last.pt`` is there to resume from (without one the next run starts over);
 - ``to run``: nothing yet (a cell whose twin has finished is carried over when a run or ``--collect-only``
-  reaches it, :mod:`.twins`).
+  reaches it, :mod:`.twins`); ``detail`` names its twins in this study and in the other studies at this
+  scale, whose result it takes once one of them has finished, and the count line says how many have one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from kernel_attention.study.core import Cell, Study, StudyOptions
+from kernel_attention.study.core import STUDIES, Cell, Study, StudyOptions
 from kernel_attention.study.runner import cell_dir, format_duration, is_stale, running_elsewhere, select_cells
 from kernel_attention.training.run_log import read_metrics
 
@@ -76,14 +77,34 @@ def _how_far(rows: list[dict]) -> str:
 
 def cell_states(study: Study, options: StudyOptions, out: str | Path) -> list[CellState]:
     """The state of each cell of ``study`` (``options`` as for a run) under ``out``."""
-    cells = select_cells(study.cells(options)[0], options.only, study.name)
-    return [_state(c, cell_dir(out, study, c)) for c in cells]
+    grid = study.cells(options)[0]
+    twins = _twins(study, grid, options)
+    states = [_state(c, cell_dir(out, study, c)) for c in select_cells(grid, options.only, study.name)]
+    return [CellState(s.cell, s.state, f"same configuration as {', '.join(twins[s.cell.id])}")
+            if s.state == "to run" and twins.get(s.cell.id) else s for s in states]
+
+
+def _twins(study: Study, grid: list[Cell], options: StudyOptions) -> dict[str, list[str]]:
+    """For each cell of ``grid``, its twins: the other cells of the grid with its configuration key, then
+    ``<study>/<cell>`` of the other registered studies' grids at the same scale (:mod:`.twins`)."""
+    by_key: dict[str, list[str]] = {}
+    for c in grid:
+        by_key.setdefault(c.key, []).append(c.id)
+    for name, other in sorted(STUDIES.items()):
+        if name == study.name or options.scale not in other.default_seeds:
+            continue
+        for c in other.cells(dataclasses.replace(options, only=(), seeds=None))[0]:
+            if c.key in by_key:
+                by_key[c.key].append(f"{name}/{c.id}")
+    return {c.id: [t for t in by_key[c.key] if t != c.id] for c in grid}
 
 
 def format_states(states: list[CellState]) -> str:
-    """One line per cell, then the count of each state."""
+    """One line per cell, then the count of each state (and of the cells to run that have a twin)."""
     width = max((len(s.cell.id) for s in states), default=0)
     lines = [f"{s.cell.id:{width}s}  {s.state:8s}  {s.detail}".rstrip() for s in states]
     counts = {k: sum(s.state == k for s in states) for k in STATES}
-    lines.append(f"{len(states)} cells: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
+    twinned = sum(s.state == "to run" and s.detail.startswith("same configuration as") for s in states)
+    lines.append(f"{len(states)} cells: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+                 + (f" ({twinned} of them with a twin, carried once it has finished)" if twinned else ""))
     return "\n".join(lines)
