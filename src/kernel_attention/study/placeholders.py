@@ -87,9 +87,11 @@ def _value(manifest: Manifest, expr: str) -> str:
 
 def _changes(s) -> str:
     """The set's scale changes as a list, after checking that its rows ran with the cells' configurations."""
-    cells, changes = s.study.cells(StudyOptions(scale=s.scale, seeds=max(int(r["seed"]) for r in s.records) + 1))
+    seeds = max(int(r["seed"]) for r in s.records) + 1
+    cells, changes = s.study.cells(StudyOptions(scale=s.scale, seeds=seeds))
     key = {c.id: c.key for c in cells}
-    other = [r["cell"] for r in s.records if r.get("config") and r.get("cell") in key and r["config"] != key[r["cell"]]]
+    other = [r["cell"] for r in s.records
+             if r.get("config") and r.get("cell") in key and r["config"] != key[r["cell"]]]
     if other:
         raise KeyError(f"{len(other)} row(s) of {s.name} ran with another configuration than the {s.scale} "
                        f"scale's current one (first: {other[0]}); run them again or describe them by hand")

@@ -93,7 +93,7 @@ def _twins(study: Study, grid: list[Cell], options: StudyOptions) -> dict[str, l
     for name, other in sorted(STUDIES.items()):
         if name == study.name or options.scale not in other.default_seeds:
             continue
-        for c in other.cells(dataclasses.replace(options, only=(), seeds=None))[0]:
+        for c in other.cells(dataclasses.replace(options, only=()))[0]:
             if c.key in by_key:
                 by_key[c.key].append(f"{name}/{c.id}")
     return {c.id: [t for t in by_key[c.key] if t != c.id] for c in grid}

@@ -17,11 +17,12 @@ Across studies: Transformer Dissection Tables 1 and 3 share three cells per seed
 SP, Eq. 9 everywhere on NMT), Tables 1 and 4 six (column II of Shaw, XL and Eq. 9 on SP and NMT: no positions
 in the value, which Table 4 spells ``value_position: none`` and Table 1 leaves out, see :attr:`.core.Cell.key`),
 Tables 1 and 2 two (the exp kernel's asymmetric column: Vaswani's sum on NMT, Transformer-XL on SP), and IKA
-Table 3's Transformer row is Table 1's Vaswani NMT cell but for seed 1, whose attention maps are recorded.  A cell with no finished twin in its own study takes the record of a finished
-cell of another study under the same output folder whose record names the cell's configuration key
-(``"config"``; records written before keys were recorded are not matched), ``same_config_as`` then reading
-``<study>/<cell>``.  The other studies' records are indexed once per invocation; one that finishes later, or
-is running, is not waited for: the cell trains (the same run again).
+Table 3's Transformer row is Table 1's Vaswani NMT cell but for seed 1, whose attention maps are recorded.
+A cell with no finished twin in its own study takes the record of a finished cell of another study under
+the same output folder whose record names the cell's configuration key (``"config"``; records written
+before keys were recorded are not matched), ``same_config_as`` then reading ``<study>/<cell>``.  The other
+studies' records are indexed once per invocation; one that finishes later, or is running, is not waited for:
+the cell trains (the same run again).
 """
 
 from __future__ import annotations
