@@ -216,8 +216,11 @@ def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_conf
     for r in rows:
         r["config"] = key[r["cell"]]
     write_csv(path, study, rows)
-    text = fill("{{ changes positions-converged }}", load_manifest(root))
-    assert text.splitlines() == [f"- {c}" for c in changes] and any("train.max_steps" in c for c in changes)
+    text = fill("{{ changes positions-converged }}", load_manifest(root)).splitlines()
+    assert all(line.startswith("- ") for line in text) and len(text) == 4  # NMT data, NMT's settings, SP's
+    nmt = [c.removeprefix("NMT: ") for c in changes if c.startswith("NMT: ")]
+    assert any(s.startswith("train.max_steps = ") for s in nmt) and text[1] == "- NMT: " + ", ".join(nmt)
+    assert text[0] == f"- {changes[0]}" and text[0].startswith("- NMT data: ")
     rows[0]["wall_s"], rows[1]["wall_s"] = 0.0, 180.0   # carried over; trained in 3 min
     write_csv(path, study, rows)
     assert fill("{{ wall positions-converged / t1-sp }}", load_manifest(root)) == f"{(180 + 4 * 60) / 5 / 60:.1f} min"
@@ -323,3 +326,12 @@ def test_a_study_names_the_revision_it_started_with(tmp_path, monkeypatch):
     execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), tmp_path, log=lambda m: None, figures=False)
     records = read_csv(tmp_path / "synthetic-smoke" / "runs.csv")
     assert len(records) == 2 and {r["revision"] for r in records} == {"1111111"}
+
+
+def test_prose_paragraphs_and_list_items_are_reflowed_tables_code_and_commands_kept():
+    from kernel_attention.study.results_page import _reflow
+    text = ("A paragraph\nbroken where a\nplaceholder was.\n\n- an item\n  going on\n- `a command`\n"
+            "| a | table |\n|---|---|\n\n```\ncode\n  kept\n```\n    indented code")
+    assert _reflow(text).split("\n") == [
+        "A paragraph broken where a placeholder was.", "", "- an item going on", "- `a command`",
+        "| a | table |", "|---|---|", "", "```", "code", "  kept", "```", "    indented code"]

@@ -10,9 +10,10 @@
     {{ seeds SET }}                                      the seeds (folds, splits) the set ran, e.g. "1-5"
     {{ params SET / TABLE / ROW / COL }}                 the cell's model size in parameters, e.g. "16.1M"
     {{ changes SET }}                                    what the set's scale changes relative to the paper's
-                                                         configuration (a list, one "- " line each), read from
-                                                         the study's code: an error if a row of the set ran
-                                                         with another configuration than its cell's current one
+                                                         configuration (a list: "- " and a change, or a task's
+                                                         settings), read from the study's code: an error if a
+                                                         row of the set ran with another configuration than
+                                                         its cell's current one
 
 Ids are those of runs.csv (``t1-sp``, ``vaswani``, ``sp``).  A placeholder of another form, or one naming a
 set, table, row or column there is not, is an error (:class:`PlaceholderError`), so a typo cannot pass as
@@ -29,6 +30,7 @@ from kernel_attention.study.resultset import Manifest
 __all__ = ["fill", "PlaceholderError", "PLACEHOLDER"]
 
 PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.S)
+_SETTING = re.compile(r"^(\w+): (\S+ = .*)$")  # "NMT: train.lr = 0.002", one setting a scale changes
 
 
 class PlaceholderError(ValueError):
@@ -95,7 +97,14 @@ def _changes(s) -> str:
     if other:
         raise KeyError(f"{len(other)} row(s) of {s.name} ran with another configuration than the {s.scale} "
                        f"scale's current one (first: {other[0]}); run them again or describe them by hand")
-    return "\n".join(f"- {c}" for c in changes)
+    items: list[list[str]] = []  # [prefix, setting, ...]: a run of "NMT: key = value" lines becomes one item
+    for c in changes:
+        m = _SETTING.match(c)
+        if m and items and items[-1][0] == m[1]:
+            items[-1].append(m[2])
+        else:
+            items.append([m[1], m[2]] if m else ["", c])
+    return "\n".join(f"- {p}: {', '.join(rest)}" if p else f"- {rest[0]}" for p, *rest in items)
 
 
 def _known(s, table: str, row: str, col: str) -> None:

@@ -129,7 +129,7 @@ def _section(man: Manifest, s: ResultSet) -> list[str]:
     tables = render_tables(s.study, records, [], s.scale, wall_s=sum(float(r.get("wall_s") or 0)
                                                                              for r in records),
                            machine=machine or _UNKNOWN_MACHINE, earlier={"machine": _UNKNOWN_MACHINE})
-    out = ["", f"## {s.title}: `{s.name}`", "", fill(s.prose.read_text(), man, str(s.prose)).strip()]
+    out = ["", f"## {s.title}: `{s.name}`", "", _reflow(fill(s.prose.read_text(), man, str(s.prose)).strip())]
     out += _demote(tables)
     out += _revisions(s)
     run = [m for m in s.marked if m.paired.n]  # a comparison of cells the set did not run has no line here
@@ -159,15 +159,38 @@ def _wrap(lines: list[str]) -> list[str]:
     return out
 
 
+_KEPT = ("|", "    ", "![", "#", "```", "- `")  # table rows, code, images, headings, listed commands: kept as they are
+
+
+def _reflow(text: str) -> str:
+    """Prose with its placeholders filled, each paragraph and list item joined into one line (so that
+    :func:`_wrap` wraps it as a whole, not only the lines a placeholder made long); what :data:`_KEPT` names,
+    and the lines between code fences, are left as they are."""
+    blocks: list[str] = []
+    joinable, fenced = False, False
+    for line in text.split("\n"):
+        fence = line.startswith("```")
+        fenced ^= fence
+        if fence or fenced or not line.strip() or line.startswith(_KEPT):
+            blocks.append(line)
+            joinable = False
+        elif joinable and not line.startswith("- "):
+            blocks[-1] += " " + line.strip()
+        else:
+            blocks.append(line)
+            joinable = True
+    return "\n".join(blocks)
+
+
 def render_page(results: str | Path) -> str:
     """The markdown of the results page from the folder ``results`` (its sections.yaml, module docstring)."""
     man = load_manifest(results)
-    out = [TITLE, "", fill(man.intro.read_text(), man, str(man.intro)).strip(), ""]
+    out = [TITLE, "", _reflow(fill(man.intro.read_text(), man, str(man.intro)).strip()), ""]
     out += _checklist(man) + [""] + _method()
     for s in man.sets:
         out += _section(man, s)
     if man.outro is not None:
-        out += ["", fill(man.outro.read_text(), man, str(man.outro)).strip()]
+        out += ["", _reflow(fill(man.outro.read_text(), man, str(man.outro)).strip())]
     return "\n".join(_wrap(out)) + "\n"
 
 
