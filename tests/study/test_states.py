@@ -66,4 +66,4 @@ def test_a_cell_to_run_names_its_twins_here_and_in_the_other_studies(tmp_path):
         "same configuration as dissection-positions/t1-nmt__vaswani__nmt__s2, ika-translation/t3__transformer__bleu__s2")
     assert states["t2-nmt__rbf__nmt-asym__s2"].detail == ""
     assert format_states(list(states.values())).splitlines()[-1] == \
-        "48 cells: 48 to run (6 of them with a twin, carried once it has finished)"
+        "48 cells: 48 to run (6 of them sharing their configuration with another cell: it trains once)"

@@ -16,7 +16,8 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
   ``last.pt`` is there to resume from (without one the next run starts over);
 - ``to run``: nothing yet (a cell whose twin has finished is carried over when a run or ``--collect-only``
   reaches it, :mod:`.twins`); ``detail`` names its twins in this study and in the other studies at this
-  scale, whose result it takes once one of them has finished, and the count line says how many have one.
+  scale (whichever of them finishes first trains, the others take its result), and the count line says how
+  many have one.
 """
 
 from __future__ import annotations
@@ -106,5 +107,6 @@ def format_states(states: list[CellState]) -> str:
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     twinned = sum(s.state == "to run" and s.detail.startswith("same configuration as") for s in states)
     lines.append(f"{len(states)} cells: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-                 + (f" ({twinned} of them with a twin, carried once it has finished)" if twinned else ""))
+                 + (f" ({twinned} of them sharing their configuration with another cell: it trains once)"
+                    if twinned else ""))
     return "\n".join(lines)
