@@ -16,7 +16,7 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
   ``last.pt`` is there to resume from (without one the next run starts over);
 - ``to run``: nothing yet (a cell whose twin has finished is carried over when a run or ``--collect-only``
   reaches it, :mod:`.twins`); ``detail`` names its twins in this study and in the other studies at this
-  scale (whichever of them finishes first trains, the others take its result), and the count line says how
+  scale (the first of them to run trains, the others take its result), and the count line says how
   many have one.
 """
 
