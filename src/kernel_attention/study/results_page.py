@@ -142,24 +142,23 @@ def _section(man: Manifest, s: ResultSet) -> list[str]:
 
 
 _WIDTH = 120  # the guides' screen width; longer lines of text (a study's notes, say) are wrapped to it
+#: lines neither wrapped nor joined: table rows, code, images, headings, code fences, listed commands (a list item
+#: that opens with code: a command wrapped inside its backticks would no longer copy as one line)
+_KEPT = ("|", "    ", "![", "#", "```", "- `")
 
 
 def _wrap(lines: list[str]) -> list[str]:
-    """Lines of text over :data:`_WIDTH` wrapped (a list item's continuation indented); table rows, code
-    blocks (indented), images and listed commands (a list item that opens with code: a command wrapped inside its
-    backticks would no longer copy as one line) kept whole."""
+    """Lines of text over :data:`_WIDTH` wrapped (a list item's continuation indented); those :data:`_KEPT`
+    names kept whole."""
     out = []
     for line in lines:
         for part in line.split("\n"):
-            if len(part) <= _WIDTH or part.startswith(("|", "    ", "![", "- `")):
+            if len(part) <= _WIDTH or part.startswith(_KEPT):
                 out.append(part)
             else:
                 out += textwrap.wrap(part, _WIDTH, subsequent_indent="  " if part.startswith("- ") else "",
                                      break_long_words=False, break_on_hyphens=False)
     return out
-
-
-_KEPT = ("|", "    ", "![", "#", "```", "- `")  # table rows, code, images, headings, listed commands: kept as they are
 
 
 def _reflow(text: str) -> str:
