@@ -9,7 +9,8 @@
 # group) and started again at any time.  Cells whose configuration equals one finished in another study under
 # the same OUT (TD Table 1 shares cells with Tables 3 and 4, see study/twins.py) are carried over, not trained
 # again.  Each study is collected (runs.csv, table.md, figures) after its cells; copy OUT/<study>-converged/
-# runs.csv and figures to docs/results/<study>-converged/ to publish them (kernel-attention study report).
+# runs.csv and figures to docs/results/<study>-converged/ to publish them (kernel-attention study report);
+# `study NAME --scale converged --collect-only` collects the cells finished so far while others train.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PROCS=${PROCS:-$(nproc)}

@@ -178,3 +178,26 @@ def test_a_long_training_loss_is_drawn_as_its_running_mean():
     assert np.allclose(mean[3:], 1.5)                                # then the mean of the last four
     values[10] = float("nan")
     assert np.isnan(_running_mean(values)[10])
+
+
+def test_a_cell_without_a_result_is_not_drawn(tmp_path):
+    """A cell still training has a log but no record yet: its curve stops short and the table leaves it out,
+    so the figure does too (and counts only the seeds it draws)."""
+    cols = [("nmt", "NMT")]
+    table, cells, dir_of, results = _grid(tmp_path, cols, seeds=(1, 2, 3))
+    training = {c.id for c in cells if c.seed == 3}
+    fig = figures.training_curves_figure(table, cells, dir_of, [r for r in results if r["cell"] not in training])
+    try:
+        valid = _panels(fig)[("validation BLEU", "NMT: validation BLEU")]
+        # best_valid over the finished seeds 1-2: seed 2 (seed 3 would score 30 + row)
+        assert [list(line.get_ydata()) for line in valid.get_lines()] == [[20.0, 24.0], [21.0, 25.0]]
+        assert "up to 2 seeds" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+    fig = figures.training_curves_figure(table, cells, dir_of, results)
+    try:
+        valid = _panels(fig)[("validation BLEU", "NMT: validation BLEU")]
+        assert [list(line.get_ydata()) for line in valid.get_lines()] == [[30.0, 36.0], [31.0, 37.0]]
+        assert "up to 3 seeds" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)

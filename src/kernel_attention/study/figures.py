@@ -14,7 +14,9 @@ its axes, labels and legends; close it with ``plt.close(fig)``).
 Where a curve comes from: the cell folder ``dir_of(cell)`` (``OUT/<study>/cells/<cell id>/``, see
 :mod:`.runner`) holds the run's ``metrics.jsonl`` (:mod:`kernel_attention.training.loop`): its ``"train"``
 records give the training loss, its ``"valid"`` records the table's metric (``TableSpec.metric``), both at
-their ``step`` (optimiser updates).  A cell carried over without its folder has no curve.
+their ``step`` (optimiser updates).  A cell carried over without its folder has no curve; a cell with no
+record among ``results`` (still training, or run with another configuration) is not drawn, as the table
+leaves it out.
 """
 
 from __future__ import annotations
@@ -142,7 +144,9 @@ class _Variant:
 
 def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict, bool]:
     """{(row id, col id): _Variant} of the (row, column)s with a logged run, and whether every plotted
-    run's validation metric is in scaled units (``scaled_units`` tables with each run's ``unit_factor``)."""
+    run's validation metric is in scaled units (``scaled_units`` tables with each run's ``unit_factor``).
+    A cell without a record in ``results`` is not drawn: it is still training (its curve would stop short
+    of the others) or ran with another configuration, and the table leaves it out too."""
     by_id = {r["cell"]: r for r in results if "cell" in r}
     multi_col = len(table.cols) > 1
     out, scaled = {}, bool(table.scaled_units)
@@ -150,8 +154,10 @@ def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict
         for cid, clab in table.cols:
             runs = []
             for c in sorted((c for c in cells if c.row == rid and c.col == cid), key=lambda c: c.seed):
+                if c.id not in by_id:
+                    continue
                 records = read_metrics(dir_of(c))
-                res = by_id.get(c.id, {})
+                res = by_id[c.id]
                 factor = table.scale_factor
                 if table.scaled_units:
                     if _finite(res.get("unit_factor")):
@@ -244,7 +250,7 @@ def training_curves_figure(table, cells, dir_of: Callable, results: list[dict], 
     cols = [(cid, clab) for cid, clab in table.cols if any(k[1] == cid for k in variants)]
     if not cols:
         return None
-    n_seeds = max(len({c.seed for c in cells if c.row == r and c.col == k}) for r, k in variants)
+    n_seeds = max(len(v.runs) for v in variants.values())
     fig, axes = plt.subplots(2, len(cols), figsize=(4.4 * len(cols), 6.4), squeeze=False, layout="constrained")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     valid_label = metric_name(table, scaled)
