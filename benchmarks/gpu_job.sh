@@ -7,12 +7,14 @@
 #      (the implicit kernels' squared form included: ikas, full and causal), beside SDPA (timed alongside each
 #      cell), dense (up to T = 4096) and FlexAttention (local window), without the input checks (--no-checks:
 #      their host sync would time the check, not the kernels);
+#      and the direct kernels (poly, linear: float32 inside) on linear and dense at T = 1024, 4096;
 #   3. benchmarks/txl_reference.py: Transformer-XL's own formulation (AC + rel-shifted BD, materialised) beside
 #      attention(..., position xl) on triton and dense, and SDPA.
 #
-# Everything goes under $OUT (default /tmp/gpu_out), 12 files: job.log (all output, the tests' included),
-# bench.md, bench_rbf.md, bench_local.md, bench_ikas.md, bench_sparse.md (each with its .json) and txl.md.  Each
-# step has its own time limit (about 7.5 minutes in all), so a slow step leaves the later ones their time; the
+# Everything goes under $OUT (default /tmp/gpu_out), 14 files: job.log (all output, the tests' included),
+# bench.md, bench_rbf.md, bench_local.md, bench_ikas.md, bench_sparse.md, bench_direct.md (each with its .json)
+# and txl.md.  Each
+# step has its own time limit (about 7.9 minutes in all), so a slow step leaves the later ones their time; the
 # benchmarks write after every cell.  The package is read from src/ (PYTHONPATH): nothing is installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +65,12 @@ echo "== $(date -u +%H:%M:%S) attention benchmark: Sparse Transformer filters, b
 timeout 25 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
     --positions none --filters strided:stride=128 fixed:stride=128 --backends triton flex dense \
     --no-dense-above 4096 --repeats 3 --no-checks --out "$OUT/bench_sparse.md" 2>&1 | tail -n 20
+
+# direct kernels compute in float32 under bf16 inputs: their cost against SDPA in bf16
+echo "== $(date -u +%H:%M:%S) attention benchmark: poly and linear, float32 inside (limit 20 s)"
+timeout 20 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T 1024 4096 --kernels poly linear \
+    --positions none --filters full causal --backends linear dense --repeats 3 --no-checks \
+    --out "$OUT/bench_direct.md" 2>&1 | tail -n 12
 
 echo "== $(date -u +%H:%M:%S) Transformer-XL's formulation (limit 35 s)"
 timeout 35 $PY benchmarks/txl_reference.py --device cuda --dtype bfloat16 --T $T --backends triton dense \
