@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The converged study cells on this machine's CPU, one process per core, in the order the results need them:
-# the NMT columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.
+# the SP baseline (TD Table 1's Vaswani row, whose perplexity is the bar the LM cells are read against), the NMT
+# columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.
 #
 #   [PROCS=2] [OUT=studies] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
 #
@@ -16,9 +17,10 @@ cd "$(dirname "$0")/.."
 PROCS=${PROCS:-$(nproc)}
 OUT=${OUT:-studies}
 KA=${KA:-.venv/bin/kernel-attention}
-QUEUE=(dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt dissection-values:t4-nmt
-       ika-translation: dissection-positions:t1-sp dissection-kernels:t2-sp dissection-order:t3-sp
-       dissection-values:t4-sp)
+QUEUE=(dissection-positions:t1-sp/vaswani
+       dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt dissection-values:t4-nmt
+       ika-translation:
+       dissection-positions:t1-sp dissection-kernels:t2-sp dissection-order:t3-sp dissection-values:t4-sp)
 mkdir -p "$OUT/logs"
 walk() {
     for set in "${QUEUE[@]}"; do
