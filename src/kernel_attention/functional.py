@@ -148,7 +148,7 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
     (B, H, Tq, Tk).  Raises when a tensor does not broadcast.  ``defer``: the keep mask of a filter that is
     a function of its spec alone (no key mask, no tensor of its own) is returned as a function that forms it,
     so that a caller that only describes the call (``explain``) never forms the (Tq, Tk) tensor."""
-    b, h, tq, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    b, tq, tk = q.shape[0], q.shape[2], k.shape[2]
     bias = None
     filt = None
     if isinstance(mask, Tensor) and mask.dtype != torch.bool:

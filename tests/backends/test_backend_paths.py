@@ -5,7 +5,7 @@ score_mod and block masks (forward on the CPU), each against ``dense`` and with 
 
 import pytest
 import torch
-from _common import NEVER, DT, D, H, capable, chosen, close, inputs, padding_mask, problem, run, sliced_from
+from _common import NEVER, DT, D, H, capable, close, inputs, padding_mask, problem, run, sliced_from
 
 import kernel_attention as ka
 from kernel_attention.backends import BackendError

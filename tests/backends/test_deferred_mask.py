@@ -69,6 +69,20 @@ def test_explain_reports_what_the_formed_mask_gives(kernel):
         assert deferred == str(choose(problem(spec, tq, tk, kern, defer=False))), (kernel, spec, tq, tk)
 
 
+@pytest.mark.parametrize("spec", ["strided:stride=4", "fixed:stride=5,c=2"])
+def test_squared_reads_a_sparse_patterns_kept_keys_without_the_mask(spec):
+    """The implicit kernels' squared path masks its per-key log factor to the keys some query keeps; for a sparse
+    pattern (no single range of keys per row) those come from the pattern's tile form, not the mask."""
+    kern = make_kernel("ikan", n_heads=2, d_head=4)
+    for tq, tk in [(37, 37), (16, 40), (300, 300)]:
+        torch.manual_seed(0)
+        p = problem(spec, tq, tk, kern)
+        deferred = str(choose(p))
+        assert p.deferred, (spec, tq, tk)                       # the squared check formed no mask
+        torch.manual_seed(0)
+        assert deferred == str(choose(problem(spec, tq, tk, kern, defer=False))), (spec, tq, tk)
+
+
 def test_a_deferred_mask_is_formed_when_read():
     p = problem("local:window=2", 6, 6)
     assert p.deferred and not p.full and not p.key_only
@@ -86,8 +100,9 @@ _CHILD = textwrap.dedent("""
     q = k = v = torch.randn(1, 2, T, 8)
     mapped = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
     resource.setrlimit(resource.RLIMIT_AS, (mapped + 3 * 2 ** 29, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    ikan = make_kernel("ikan", n_heads=2, d_head=8)
     for kernel, mask in (("exp", "local:window=4"), ("exp", "causal&local:window=64"), ("poly", "local:window=4"),
-                         (make_kernel("ikan", n_heads=2, d_head=8), "local:window=4")):
+                         (ikan, "local:window=4"), (ikan, "strided:stride=64")):
         print(choose(build_problem(q, k, v, kernel, mask, defer_mask=defer)).name, flush=True)
 """)
 
@@ -98,6 +113,6 @@ def test_explain_at_t_2_17_forms_no_quadratic_tensor():
                                      timeout=120)
     ok = run("deferred")
     assert ok.returncode == 0, ok.stderr[-2000:]
-    assert ok.stdout.split() == ["blockwise", "blockwise", "dense", "squared"]
+    assert ok.stdout.split() == ["blockwise", "blockwise", "dense", "squared", "squared"]
     formed = run("formed")   # the limit is tight enough to catch the mask when it is formed
     assert formed.returncode != 0 and ("memory" in formed.stderr.lower() or "alloc" in formed.stderr.lower())

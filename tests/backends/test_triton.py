@@ -334,9 +334,9 @@ def test_layer_compiles_whole_graph(position, filt, value):
 
 
 def test_without_triton_the_reason_says_how_to_install(monkeypatch):
-    from kernel_attention.backends import triton_flash
+    from kernel_attention.backends import triton_support
 
-    monkeypatch.setattr(triton_flash, "INSTALLED", False)
+    monkeypatch.setattr(triton_support, "INSTALLED", False)
     assert "pip install 'kernel-attention[gpu]'" in resolve_backend("triton").supports(_problem("exp"))
 
 

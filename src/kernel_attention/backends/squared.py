@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, kept_keys
+from kernel_attention.backends.triton_filters import kept_key_log, tile_filter
 from kernel_attention.backends.chunked import block_spans, plan_blocks
 from kernel_attention.backends.policy import block_rows, policy
 from kernel_attention.registry import Param
@@ -106,8 +107,14 @@ def squared_route(p: Problem) -> tuple[Tensor | None, str | None]:
         return None, "dropout acts on the soft-max weights"
     if p.q.dtype not in DTYPES:
         return None, f"dtype {p.q.dtype} cannot hold eps · e^-{MAX_SPREAD:g}"
-    keys = kept_keys(p)  # a structured filter's kept keys without its (Tq, Tk) mask, while explain describes
-    m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep if keys is None else keys)
+    # while explain describes a call, a structured filter's kept keys come without its (Tq, Tk) mask: from the
+    # rows' ranges, or from a sparse pattern's tile form
+    keys = kept_keys(p)
+    tiles = tile_filter(p) if keys is None and p.deferred else None
+    if tiles is not None and not isinstance(tiles, str):
+        m = kept_key_log(p, *tiles)
+    else:
+        m = masked_key_log(p.kernel.squared_key_log(p.k), p.keep if keys is None else keys)
     spread = key_spread(m)
     if spread > MAX_SPREAD:
         return None, (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its "

@@ -35,7 +35,7 @@ from torch import Tensor
 from kernel_attention.backends.base import Problem, key_only_mask
 from kernel_attention.filters import And, Causal, Fixed, Local, MaskFilter, Memory, Padding, Strided
 
-__all__ = ["TileFilter", "tile_filter", "kept_keys", "OPEN", "NO_PATTERN", "STRIDED", "FIXED"]
+__all__ = ["TileFilter", "tile_filter", "kept_keys", "kept_key_log", "OPEN", "NO_PATTERN", "STRIDED", "FIXED"]
 
 #: an open side of the band: |d| never reaches it (kernel arguments are 32-bit; d + OPEN stays below 2^31)
 OPEN = 1 << 30
@@ -146,3 +146,15 @@ def kept_keys(tf: TileFilter, tq: int, tk: int, device=None) -> Tensor:
     if pattern == FIXED:  # a summary key, or a query in j's own block (p >= j, so p <= the block's last key)
         kept &= (j % s >= s - c) | (pa <= j // s * s + s - 1)
     return kept
+
+
+def kept_key_log(p: Problem, tf: TileFilter, km: Tensor | None) -> Tensor:
+    """The kernel's per-key log factor m (B, H, Tk), -inf at the keys no query keeps under the band and pattern
+    ``tf`` and the key mask ``km`` (B|1, H|1, 1, Tk) bool or None; formed from the key positions alone, no
+    (Tq, Tk) mask."""
+    b, h, tq, tk = p.shape
+    m = p.kernel.squared_key_log(p.k).expand(b, h, tk)
+    kept = kept_keys(tf, tq, tk, m.device)
+    if km is not None:
+        kept = kept & km.reshape(km.shape[0], km.shape[1], tk)
+    return m.masked_fill(~kept, float("-inf"))

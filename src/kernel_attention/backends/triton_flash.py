@@ -40,8 +40,6 @@ loaded), which is for tests only: ``auto`` never picks it there.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 from typing import Optional
 
 import torch
@@ -49,130 +47,13 @@ from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, sdpa_features, sum_to
 from kernel_attention.backends.policy import policy
-from kernel_attention.positions.difference_index import DifferenceIndex
 from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.backends.triton_filters import FIXED, STRIDED, TileFilter, tile_filter
-from kernel_attention.backends.triton_squared import squared_why_not, triton_squared_smoother
+from kernel_attention.backends.triton_squared import triton_squared_smoother
+from kernel_attention.backends.triton_support import cdiv, kernels, pow2, shaw_terms, triton_why_not
 
-__all__ = ["TritonBackend", "triton_why_not", "triton_smoother", "flash_forward", "flash_backward", "filter_mask"]
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-#: whether triton can be imported (found without importing it: TRITON_INTERPRET must be set before that)
-INSTALLED = importlib.util.find_spec("triton") is not None
-_KERNELS = None
-
-
-def _interpreting() -> bool:
-    """TRITON_INTERPRET is set (read as Triton reads it, without importing Triton)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-def _kernels():
-    """The kernel module, imported on first use: whether its kernels are compiled or interpreted is fixed
-    then, by TRITON_INTERPRET."""
-    global _KERNELS
-    if _KERNELS is None:
-        from kernel_attention.backends import triton_kernels
-
-        _KERNELS = triton_kernels
-    return _KERNELS
-
-
-def _loaded_interpreted() -> bool | None:
-    """Whether the kernels were loaded for the interpreter; None when not loaded yet."""
-    return None if _KERNELS is None else _KERNELS.INTERPRETED
-
-
-def _pow2(n: int, least: int = 16) -> int:
-    return max(least, 1 << max(0, (n - 1).bit_length()))
-
-
-def _shaw_band(index, tq: int, tk: int, width: int) -> tuple[int, int] | None:
-    """(c, o) when ``index`` is clip(o + i - j, -c, c) + c and the table has 2c + 1 columns, else None."""
-    if isinstance(index, DifferenceIndex):
-        c = index.clip
-        o = index.offset() if c is not None else None
-    else:
-        from kernel_attention.backends.banded import shaw_clip
-
-        c, o = shaw_clip(index, tq, tk), 0
-    if c is None or o is None or width != 2 * c + 1:
-        return None
-    return c, o
-
-
-def _shaw_terms(p: Problem) -> tuple[int, int] | str | None:
-    """(c, o) of Shaw's index clip(o + i - j, -c, c) + c shared by the key table and the value table that ``p``'s
-    terms hold, None when they hold neither, or why not in words."""
-    t = p.terms
-    b, h, tq, tk = p.shape
-    if t is None or not (t.relative or t.value):
-        return None
-    if len(t.relative) > 1 or len(t.value) > 1:
-        return "more than one relative table (several position axes)"
-    bands = []
-    for logits, index in t.relative:
-        band = _shaw_band(index, tq, tk, logits.shape[-1]) if logits.dim() == 4 else None
-        if band is None:
-            return "a relative table other than Shaw's clip(o + i - j, -c, c) + c with its 2c + 1 columns"
-        bands.append(band)
-    for table, index in t.value:
-        band = _shaw_band(index, tq, tk, table.shape[0]) if table.dim() == 2 else None
-        if band is None:
-            return "a relative value table other than Shaw's (2c + 1, Dv) read at clip(o + i - j, -c, c) + c"
-        bands.append(band)
-    if len(set(bands)) > 1:
-        return "Shaw's key and value tables read at different indices"
-    return bands[0]
-
-
-def triton_why_not(p: Problem, key_bias: str = "mask") -> str | None:
-    """None when the ``triton`` backend runs ``p``; otherwise why not."""
-    if not INSTALLED:
-        return "triton is not installed (pip install 'kernel-attention[gpu]')"
-    dev = p.q.device.type
-    if dev == "cpu":
-        if not _interpreting():
-            return "CPU tensors run only under Triton's interpreter (TRITON_INTERPRET=1, for tests)"
-        if _loaded_interpreted() is False:
-            return "its kernels were loaded compiled (TRITON_INTERPRET was not set when they were first used)"
-    elif dev != "cuda":
-        return f"device {dev!r}: its kernels run on CUDA (or on the CPU under Triton's interpreter)"
-    if p.need_weights:
-        return "need_weights=True: only dense forms the (Tq, Tk) weights"
-    if p.dropout_p > 0:
-        return "dropout on the weights is not in its kernels"
-    filt = tile_filter(p)
-    if isinstance(filt, str):
-        return filt
-    if has_squared_form(p.kernel):
-        return squared_why_not(p, *filt)
-    if sdpa_layout(p.kernel, key_bias) is None:
-        return (f"kernel {p.kernel.name!r} has neither SDPA features (capability SDPAFeatures) nor a squared "
-                f"form (SquaredFeatures)")
-    if p.q.dtype not in _DTYPES:
-        return f"dtype {p.q.dtype}: its kernels take float32, bfloat16 or float16"
-    t = p.terms
-    b, h, tq, tk = p.shape
-    if t is not None:
-        if t.bias is not None and t.bias.dim() > 4:
-            return "a float mask or bias of more than 4 dims"
-        shaw = _shaw_terms(p)
-        if isinstance(shaw, str):
-            return shaw
-        if len(t.relative_factors) > 1:
-            return "more than one relative table (several position axes)"
-        for q_side, table, index in t.relative_factors:
-            from kernel_attention.backends.relative import toeplitz_base
-
-            if q_side.dim() != 4 or table.dim() != 3 or table.shape[0] not in (1, h):
-                return "Transformer-XL's term with a table other than (H|1, R, d)"
-            if toeplitz_base(index) is None:
-                return "Transformer-XL's term with an index other than base + i - j (default positions)"
-    return None
+__all__ = ["TritonBackend", "triton_smoother", "flash_forward", "flash_backward", "filter_mask"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,13 +84,9 @@ class _Config:
             HAS_KB=kb is not None, HAS_SHAW=shaw is not None, HAS_VAL=self.value, C=self.c, W=2 * self.c + 1,
             HAS_XL=has_xl, HAS_BIAS=bias is not None, MODE=mode, PAT=pattern, HAS_KM=km is not None,
             PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            BM=self.block, BN=self.block, BDK=_pow2(dk), BDV=_pow2(dv), BDR=_pow2(dr), BW=_pow2(2 * self.c + 1),
+            BM=self.block, BN=self.block, BDK=pow2(dk), BDV=pow2(dv), BDR=pow2(dr), BW=pow2(2 * self.c + 1),
             # 8 warps where a tile holds more: Transformer-XL's (BM, 2·BN) window products, or 128-wide tiles
-            WP=_pow2(2 * self.block - 1), num_warps=8 if has_xl or self.block > 64 else 4)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+            WP=pow2(2 * self.block - 1), num_warps=8 if has_xl or self.block > 64 else 4)
 
 
 def _or(x, y):
@@ -240,7 +117,7 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Opt
     out = torch.empty(b, h, tq, v.shape[-1], dtype=v.dtype, device=v.device)
     lse = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)
     hv = torch.empty(b, h, tq, 2 * c + 1 if value else 0, dtype=torch.float32, device=q.device)
-    _kernels().flash_forward[(_cdiv(tq, block), b * h)](
+    kernels("triton_kernels").flash_forward[(cdiv(tq, block), b * h)](
         q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), _or(bias, q), out, lse,
         _or(_none_if_empty(hv), lse), **cfg.launch(q, v, kb, km, shaw, qv, table, bias))
     return out, lse, hv
@@ -262,7 +139,7 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
     """(dq, dk, dv, dkb, dshaw, dqv, dtable, dbias), empty where the input is absent (dbias: where ``bias_grad``
     is False); ``ghv`` the gradient of Hv, or None."""
     cfg = _Config(tuple(filt), scale, c, soff, xbase, value, block)
-    kern = _kernels()
+    kern = kernels("triton_kernels")
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     gout = gout.contiguous()
@@ -282,8 +159,8 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
     dqv = torch.empty_like(qv) if qv is not None else empty.clone()
     dtable = torch.zeros(table.shape, dtype=torch.float32, device=q.device) if table is not None else empty.clone()
     ds = torch.zeros(b, h, tq, tk, dtype=torch.float32, device=q.device) if bias_grad else None
-    kern.flash_backward_kv[(_cdiv(tk, block), b * h)](*ptrs, dk, dv, _or(_none_if_empty(dkb), lse), **args)
-    kern.flash_backward_q[(_cdiv(tq, block), b * h)](
+    kern.flash_backward_kv[(cdiv(tk, block), b * h)](*ptrs, dk, dv, _or(_none_if_empty(dkb), lse), **args)
+    kern.flash_backward_q[(cdiv(tq, block), b * h)](
         *ptrs, dq, _or(_none_if_empty(dshaw), lse), _or(_none_if_empty(dqv), q), _or(_none_if_empty(dtable), lse),
         _or(ds, lse), HAS_DBIAS=bias_grad, **args)
     if table is not None:
@@ -344,7 +221,7 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     if kbs:
         kb = kbs[0] if len(kbs) == 1 else kbs[0] + kbs[1]
         kb = kb.float().expand(b, h, 1, tk).reshape(b, h, tk).contiguous()
-    c, soff = _shaw_terms(p) or (0, 0)
+    c, soff = shaw_terms(p) or (0, 0)
     xbase = 0
     shaw = qv = table = bias = values = None
     if t is not None and t.relative:
@@ -379,7 +256,7 @@ def filter_mask(p: Problem, block: int | None = None, by_keys: bool = False) -> 
     keep = torch.zeros(b, h, tq, tk, dtype=torch.int8, device=p.q.device)
     if km is not None:
         km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
-    _kernels().filter_keep[(_cdiv(tk if by_keys else tq, block), b * h)](
+    kernels("triton_kernels").filter_keep[(cdiv(tk if by_keys else tq, block), b * h)](
         _or(km, keep), keep, tq, tk, off, lo, hi, stride, c, MODE=mode, PAT=pattern, HAS_KM=km is not None,
         BY_KEYS=by_keys, BM=block, BN=block)
     return keep.bool()

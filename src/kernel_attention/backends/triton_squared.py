@@ -36,62 +36,10 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import Problem
-from kernel_attention.backends.squared import MAX_SPREAD, key_spread
-from kernel_attention.backends.triton_filters import TileFilter, kept_keys
+from kernel_attention.backends.triton_filters import TileFilter, kept_key_log
+from kernel_attention.backends.triton_support import cdiv, kernels, pow2
 
-__all__ = ["squared_why_not", "kept_key_log", "squared_forward", "squared_backward", "triton_squared_smoother",
-           "magnitude_keep_mask"]
-
-_DTYPES = (torch.float32, torch.bfloat16)
-_KERNELS = None
-
-
-def _kernels():
-    """The kernel module, imported on first use (TRITON_INTERPRET is read then, as for triton_kernels)."""
-    global _KERNELS
-    if _KERNELS is None:
-        from kernel_attention.backends import triton_squared_kernels
-
-        _KERNELS = triton_squared_kernels
-    return _KERNELS
-
-
-def _pow2(n: int, least: int = 16) -> int:
-    return max(least, 1 << max(0, (n - 1).bit_length()))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def kept_key_log(p: Problem, tf: TileFilter, km: Tensor | None) -> Tensor:
-    """The kernel's per-key log factor m (B, H, Tk), -inf at the keys no query keeps under the band and pattern
-    ``tf`` and the key mask ``km`` (B|1, H|1, 1, Tk) bool or None; formed from the key positions alone, no
-    (Tq, Tk) mask."""
-    b, h, tq, tk = p.shape
-    m = p.kernel.squared_key_log(p.k).expand(b, h, tk)
-    kept = kept_keys(tf, tq, tk, m.device)
-    if km is not None:
-        kept = kept & km.reshape(km.shape[0], km.shape[1], tk)
-    return m.masked_fill(~kept, float("-inf"))
-
-
-def squared_why_not(p: Problem, tf: TileFilter, km: Tensor | None) -> str | None:
-    """None when the squared path runs ``p`` (a kernel with :class:`SquaredForm`, the filter already read as
-    ``tf`` and ``km``); otherwise why not."""
-    t = p.terms
-    if t is not None and (t.relative or t.relative_factors or t.bias is not None or t.value
-                          or t.key_bias is not None or t.q_feat is not None):
-        return "the squared form (implicit kernels) takes no positional terms: they enter log k"
-    if p.q.dtype not in _DTYPES:
-        return f"dtype {p.q.dtype}: the squared form takes float32 or bfloat16 (eps · e^-{MAX_SPREAD:g} underflows)"
-    if torch.compiler.is_compiling():
-        return "the squared form's key-log range is read back to the host, which torch.compile does not trace"
-    spread = key_spread(kept_key_log(p, tf, km))
-    if spread > MAX_SPREAD:
-        return (f"the per-key log factor spans {spread:.3g} (more than {MAX_SPREAD:g}), so its exponentials "
-                f"would underflow")
-    return None
+__all__ = ["squared_forward", "squared_backward", "triton_squared_smoother", "magnitude_keep_mask"]
 
 
 # The kernels as two operators with fake implementations.  Inputs are contiguous: fq (B, H, Tq, F), fk (B, H,
@@ -103,7 +51,7 @@ def _launch(fq, fk, vw, km, filt, eps, drop, seed, block) -> dict:
     return dict(Tq=fq.shape[2], Tk=fk.shape[2], F=fq.shape[-1], W=vw.shape[-1], eps=eps, drop=drop, seed=seed,
                 OFF=off, DLO=lo, DHI=hi, STRIDE=stride, SC=c, MODE=mode, PAT=pattern, HAS_KM=km is not None,
                 HAS_DROP=drop > 0, PREC="ieee" if fq.dtype == torch.float32 else "tf32",
-                BM=block, BN=block, BF=_pow2(fq.shape[-1]), BW=_pow2(vw.shape[-1]),
+                BM=block, BN=block, BF=pow2(fq.shape[-1]), BW=pow2(vw.shape[-1]),
                 num_warps=8 if block > 64 else 4)
 
 
@@ -115,7 +63,7 @@ def squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km
     b, h, tq, _ = fq.shape
     width = vw.shape[-1] * (2 if drop > 0 else 1)
     n = torch.empty(b, h, tq, width, dtype=torch.float32, device=fq.device)
-    _kernels().squared_forward[(_cdiv(tq, block), b * h)](
+    kernels("triton_squared_kernels").squared_forward[(cdiv(tq, block), b * h)](
         fq, fk, vw, vw if v1 is None else v1, fq if km is None else km, n,
         **_launch(fq, fk, vw, km, filt, eps, drop, seed, block))
     return n
@@ -133,7 +81,7 @@ def squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Optiona
                      block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dfq, dfk, dvw, dv1), the gradients of :func:`squared_forward`'s inputs given dN (dv1 empty without
     dropout)."""
-    kern = _kernels()
+    kern = kernels("triton_squared_kernels")
     b, h, tq, _ = fq.shape
     tk = fk.shape[2]
     dn = dn.float().contiguous()
@@ -142,9 +90,9 @@ def squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Optiona
     dfq, dfk, dvw = torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(vw)
     dv1 = fq.new_empty(0) if v1 is None else torch.empty_like(v1)
     v1p = vw if v1 is None else v1
-    kern.squared_backward_kv[(_cdiv(tk, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfk, dvw,
+    kern.squared_backward_kv[(cdiv(tk, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfk, dvw,
                                                         dvw if v1 is None else dv1, **args)
-    kern.squared_backward_q[(_cdiv(tq, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfq, **args)
+    kern.squared_backward_q[(cdiv(tq, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfq, **args)
     return dfq, dfk, dvw, dv1
 
 
@@ -216,6 +164,6 @@ def magnitude_keep_mask(seed: int, drop: float, shape, device=None) -> Tensor:
     b, h, tq, tk = shape
     keep = torch.zeros(b, h, tq, tk, dtype=torch.int8, device=device)
     block = 16
-    _kernels().magnitude_keep[(_cdiv(tq, block), _cdiv(tk, block), b * h)](keep, tq, tk, float(drop), int(seed),
+    kernels("triton_squared_kernels").magnitude_keep[(cdiv(tq, block), cdiv(tk, block), b * h)](keep, tq, tk, float(drop), int(seed),
                                                                            BM=block, BN=block)
     return keep.bool()
