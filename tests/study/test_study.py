@@ -271,11 +271,12 @@ def test_training_curves_leave_out_columns_without_logged_runs(tmp_path):
     (tmp_path / "x" / "metrics.jsonl").write_text(
         "\n".join(json.dumps({"split": "train", "step": s, "loss": 1.0 / s}) for s in range(1, 6)))
     dir_of = lambda c: tmp_path / c.col  # noqa: E731
-    one = training_curves(tmp_path / "fig", table, cells, dir_of, [])
+    done = [{"cell": c.id, "status": "ok"} for c in cells]
+    one = training_curves(tmp_path / "fig", table, cells, dir_of, done)
     h, w = matplotlib.image.imread(one).shape[:2]
     assert w < 1.5 * h  # one panel (4.2 x 3.2 in), not two side by side
     (tmp_path / "x" / "metrics.jsonl").unlink()
-    assert training_curves(tmp_path / "fig2", table, cells, dir_of, []) is None
+    assert training_curves(tmp_path / "fig2", table, cells, dir_of, done) is None
 
 
 def test_paper_scale_with_fewer_runs_says_so():
@@ -348,7 +349,8 @@ def test_training_curves_name_a_row_whose_first_seeds_were_carried(tmp_path, mon
                 "\n".join(json.dumps({"split": "train", "step": s, "loss": 1.0 / s}) for s in range(1, 6)))
     saved = []
     monkeypatch.setattr(figures, "_save", lambda fig, path: saved.append(fig) or str(path))
-    figures.training_curves(tmp_path / "fig", table, cells, lambda c: tmp_path / c.id, [])
+    done = [{"cell": c.id, "status": "ok"} for c in cells]
+    figures.training_curves(tmp_path / "fig", table, cells, lambda c: tmp_path / c.id, done)
     lines, labels = saved[0].axes[0].get_legend_handles_labels()
     assert labels == ["A", "B"] and len(saved[0].axes[0].get_lines()) == 2
 
@@ -461,11 +463,12 @@ def test_regression_curves_leave_the_gp_rows_out(tmp_path, monkeypatch):
     for c in cells:
         if c.row.startswith("gp_"):
             log(c, [0.5, -1.0, -2.0])
-    assert _reg_figures(tmp_path / "fig", cells, dir_of, []) == [] and panels == []
+    done = [{"cell": c.id, "table": c.table, "status": "ok"} for c in cells]
+    assert _reg_figures(tmp_path / "fig", cells, dir_of, done) == [] and panels == []
     log(next(c for c in cells if c.row == "transformer" and c.col == "co2"), [1.0, 0.5, 0.2])
-    assert len(_reg_figures(tmp_path / "fig", cells, dir_of, [])) == 1
+    assert len(_reg_figures(tmp_path / "fig", cells, dir_of, done)) == 1
     log(next(c for c in cells if c.row == "mikan" and c.col == "housing"), [1.0, 0.5, 0.2])
-    assert len(_reg_figures(tmp_path / "fig2", cells, dir_of, [])) == 1
+    assert len(_reg_figures(tmp_path / "fig2", cells, dir_of, done)) == 1
     assert len(panels[0]) == 1 and len(panels[1]) == 2   # Housing's GP curves opened no panel
 
 
