@@ -29,12 +29,12 @@ NMT = {  # fairseq transformer_iwslt_de_en (reference notes 1.6)
     "seed": 1,
 }
 
-SP = {  # Transformer-XL run_wt103_base.sh (reference notes 1.6); adaptive softmax not implemented: full softmax
+SP = {  # Transformer-XL run_wt103_base.sh (reference notes 1.6): adaptive input and soft-max, tied, div_val 1
     "task": {"name": "lm", "batch_size": 60, "tgt_len": 150},
     "data": {"dataset": "wikitext-103"},
     "model": {"name": "lm", "d_model": 410, "n_heads": 10, "d_head": 41, "d_ff": 2100, "n_layers": 16,
               "dropout": 0.1, "attention_dropout": 0.0, "mem_len": 150, "same_length": True, "norm": "post",
-              "tie_output": True},
+              "tie_output": True, "adaptive": {"cutoffs": [20000, 40000, 200000], "div_value": 1}},
     "train": {"max_steps": 200000, "optimizer": "adam", "lr": 2.5e-4, "schedule": {"name": "cosine"},
               "clip_norm": 0.25, "eval_every": 4000, "checkpoint_every": 4000},
     "eval": {"tgt_len": 64, "mem_len": 640, "clamp_len": 400, "batch_size": 10},

@@ -123,6 +123,8 @@ def _check_model_attention(cfg):
     if "n_heads" in model:
         model["n_heads"] = 2 if model["n_heads"] not in (4, 8) else model["n_heads"]
     model.pop("d_head", None)
+    if model.get("adaptive"):  # the vocabulary past the adaptive soft-max's last cutoff
+        ctx["vocab"] = model["adaptive"]["cutoffs"][-1] + 1
     name = model.pop("name", {"lm": "lm", "translation": "translation", "classification": "classifier",
                               "regression": "regressor", "node_classification": "node_classifier",
                               "synthetic": "translation"}[cfg["task"]["name"]])

@@ -118,12 +118,19 @@ def test_adaptive_softmax_gives_log_probabilities_whose_nll_is_torchs_adaptive_l
     assert model.adaptive.head.weight.grad is not None and model.embed.weight.grad is not None
 
 
-@pytest.mark.parametrize("adaptive", [None, {"cutoffs": [5, 12], "div_value": 2.0}])
-def test_bf16_autocast_on_the_cpu_gives_float32_nll_close_to_float32s(adaptive):
+#: (adaptive, tie_output): the full soft-max tied to the embedding, torch's untied adaptive soft-max, and
+#: Transformer-XL's tied to an adaptive input embedding (one table, and clusters of narrower tables)
+OUTPUTS = [(None, True), ({"cutoffs": [5, 12], "div_value": 2.0}, False), ({"cutoffs": [5, 12]}, True),
+           ({"cutoffs": [5, 12], "div_value": 2.0}, True)]
+OUTPUT_IDS = ["full", "adaptive", "adaptive-tied", "adaptive-tied-div2"]
+
+
+@pytest.mark.parametrize("adaptive, tie", OUTPUTS, ids=OUTPUT_IDS)
+def test_bf16_autocast_on_the_cpu_gives_float32_nll_close_to_float32s(adaptive, tie):
     """Under CPU autocast the blocks run in bfloat16; the per-word NLL comes out in float32 (the adaptive
     soft-max is computed outside autocast: torch's module cannot mix the dtypes CPU autocast gives it)."""
     torch.manual_seed(2)
-    model = tiny(adaptive=adaptive, tie_output=adaptive is None).float()
+    model = tiny(adaptive=adaptive, tie_output=tie).float()
     tokens, y = torch.randint(0, 23, (2, 12)), torch.randint(0, 23, (2, 12))
     ref, _ = model(tokens, targets=y)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -134,21 +141,23 @@ def test_bf16_autocast_on_the_cpu_gives_float32_nll_close_to_float32s(adaptive):
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("adaptive", [{"cutoffs": []}, {"cutoffs": [12, 5]}, {"cutoffs": [5, 23]},
-                                      {"cutoffs": [5], "div": 2}])
-def test_adaptive_softmax_settings_are_checked(adaptive):
-    with pytest.raises(ValueError, match="model.adaptive must be"):
-        tiny(adaptive=adaptive, tie_output=False)
-    with pytest.raises(ValueError, match="set model.tie_output=false with it"):
-        tiny(adaptive={"cutoffs": [5]})
+@pytest.mark.parametrize("adaptive, says", [
+    ({}, "cutoffs must be"), ({"cutoffs": []}, "cutoffs must be"), ({"cutoffs": [12, 5]}, "cutoffs must be"),
+    ({"cutoffs": [5, 23]}, "cutoffs must be"), ({"cutoffs": [5], "div": 2}, "model.adaptive must be"),
+    ({"cutoffs": [5], "div_value": 0.5}, "model.adaptive must be")])
+@pytest.mark.parametrize("tie", [False, True])
+def test_adaptive_softmax_settings_are_checked(adaptive, says, tie):
+    with pytest.raises(ValueError, match=says) as e:
+        tiny(adaptive=adaptive, tie_output=tie)
+    assert str(e.value).startswith("model.adaptive")
 
 
-@pytest.mark.parametrize("adaptive", [None, {"cutoffs": [5, 12], "div_value": 2.0}])
-def test_targets_give_each_words_nll_as_the_logits_do(adaptive):
+@pytest.mark.parametrize("adaptive, tie", OUTPUTS, ids=OUTPUT_IDS)
+def test_targets_give_each_words_nll_as_the_logits_do(adaptive, tie):
     """``model(tokens, mems, targets=y)`` is -log p(y | context) per token, the same as the cross-entropy of the
     logits (the adaptive soft-max computes only the target's cluster), and carries the memory on alike."""
     torch.manual_seed(1)
-    model = tiny(adaptive=adaptive, tie_output=adaptive is None)
+    model = tiny(adaptive=adaptive, tie_output=tie)
     tokens, y = torch.randint(0, 23, (2, 12)), torch.randint(0, 23, (2, 12))
     logits, mems = model(tokens[:, :6])
     nll, mems_t = model(tokens[:, :6], targets=y[:, :6])

@@ -61,7 +61,9 @@ MODELS.register("lm", _sizes(410, 10, 2100, 0.1) + [
     Param("mem_len", int, 0, check=lambda x: x >= 0, rule=">= 0"),
     Param("clamp_len", int, None, optional=True, **_pos), Param("same_length", bool, False),
     Param("pe_at_input", bool, False), Param("tie_output", bool, True), _NORM,
-    Param("adaptive", dict, None, optional=True, doc="adaptive soft-max: {cutoffs: [...], div_value: 4}"),
+    Param("adaptive", dict, None, optional=True,
+          doc="adaptive soft-max {cutoffs: [...], div_value: x}: with tie_output Transformer-XL's, tied to an "
+              "adaptive input embedding (x default 1), else torch's untied one (x default 4)"),
 ], doc="decoder-only LM with Transformer-XL memory")(LanguageModel)
 
 MODELS.register("classifier", _sizes(128, 4, 256, 0.1) + [

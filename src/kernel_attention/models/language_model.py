@@ -10,7 +10,8 @@ Per segment of T tokens with cached memory m^l (B, M, d) for each layer l:
     h^0 = dropout(sqrt(d) E[tokens])                       (+ sinusoid(t) when pe_at_input)
     h^l = Block_l(h^l-1, memory = m^l-1)                   keys = [m^l-1 ; h^l-1], filter S_1 u S_mem
     logits = dropout(h^L) E^T                              (tied input / output embeddings)
-             or log p(w | h^L) of an adaptive soft-max     (``adaptive``: Grave et al. 2017, as Transformer-XL)
+             or log p(w | h^L) of an adaptive soft-max     (``adaptive``: Grave et al. 2017; tied to an adaptive
+                                                            input embedding as Transformer-XL's, or untied)
     new m^l = last mem_len steps of [m^l ; h^l], detached  (l = 0 .. L-1: each layer's *input*,
                                                             the first being the embedding output, as TXL's ``hids``)
 
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 
 from kernel_attention.filters import make_filter
 from kernel_attention.nn.block import TransformerBlock
+from kernel_attention.models.adaptive_softmax import AdaptiveEmbedding, TiedAdaptiveLogSoftmax, check_cutoffs
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
                                             share_xl_biases, sinusoidal_input, with_position_param)
 from kernel_attention.positions import XLPosition
@@ -52,12 +54,14 @@ class LanguageModel(KernelRegularized, nn.Module):
         same_length: at evaluation every query sees the same number of keys.
         pe_at_input: add sinusoidal positions once at the input (the Vaswani baseline).
         tie_output: logits = h E^T with the input embedding E.  norm: "post" (TXL default) or "pre".
-        adaptive: ``{"cutoffs": [c_1, ..., c_n], "div_value": 4.0}``: an adaptive soft-max
-            (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`: the c_1 most frequent words in the head, the rest in
-            clusters of projections d / div_value^i), untied from the input embedding (``tie_output=False``);
-            the model then returns log-probabilities as its logits (they are normalised, so the cross-entropy
-            of them is the NLL), and with ``targets`` computes each target's cluster alone.  Word ids must be
-            ordered by frequency (the LM vocabularies are).
+        adaptive: ``{"cutoffs": [c_1, ..., c_n], "div_value": x}``: an adaptive soft-max, the c_1 most
+            frequent words in the head and the rest in clusters of width d / x^k.  With ``tie_output`` it is
+            Transformer-XL's: tied to an adaptive input embedding of the same clusters (x defaults to 1, one
+            d-wide table as Transformer-XL's WikiText-103 models; :mod:`.adaptive_softmax`); without, torch's
+            :class:`~torch.nn.AdaptiveLogSoftmaxWithLoss` (x defaults to 4) beside a plain embedding.  The model
+            then returns log-probabilities as its logits (normalised, so their cross-entropy is the NLL), and with
+            ``targets`` scores each target's cluster alone.  Word ids must be ordered by frequency (the LM
+            vocabularies are).
     """
 
     def __init__(self, vocab: int, *, d_model: int = 410, n_heads: int = 10, d_ff: int = 2100, n_layers: int = 16,
@@ -78,22 +82,27 @@ class LanguageModel(KernelRegularized, nn.Module):
             make_filter("memory") & make_filter(user_filter)
         self.attn_cfg = cfg
         self.d_model, self.mem_len, self.same_length, self.pe_at_input = d_model, mem_len, same_length, pe_at_input
-        self.embed = ScaledEmbedding(vocab, d_model, pad_id)
+        if adaptive is not None:
+            unknown = sorted(set(adaptive) - {"cutoffs", "div_value"})
+            if unknown or not isinstance(adaptive.get("div_value", 1.0), (int, float)) or \
+                    not adaptive.get("div_value", 1.0) >= 1:
+                raise ValueError(f"model.adaptive must be {{cutoffs: [c_1 < ... < c_n], div_value: x >= 1}}, got "
+                                 f"{adaptive!r}")
+            try:
+                cutoffs = check_cutoffs(adaptive.get("cutoffs"), vocab)
+            except ValueError as e:
+                raise ValueError(f"model.adaptive: {e}") from None
+        self.embed = (AdaptiveEmbedding(vocab, d_model, cutoffs, float(adaptive.get("div_value", 1.0)))
+                      if adaptive and tie_output else ScaledEmbedding(vocab, d_model, pad_id))
         self.layers = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, attention=cfg, norm=norm,
                                                      dropout=dropout) for _ in range(n_layers))
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
         self.drop = nn.Dropout(dropout)
-        if adaptive and tie_output:
-            raise ValueError("model.adaptive: the adaptive soft-max has its own weights, untied from the input "
-                             "embedding; set model.tie_output=false with it")
         self.output = None if tie_output or adaptive else nn.Linear(d_model, vocab, bias=False)
         self.adaptive = None
-        if adaptive:
-            unknown = sorted(set(adaptive) - {"cutoffs", "div_value"})
-            cutoffs = list(adaptive.get("cutoffs") or [])
-            if unknown or not cutoffs or cutoffs != sorted(set(cutoffs)) or not 0 < cutoffs[0] or cutoffs[-1] >= vocab:
-                raise ValueError(f"model.adaptive must be {{cutoffs: [c_1 < ... < c_n], div_value: x}} with "
-                                 f"0 < c_1 and c_n < the vocabulary ({vocab}), got {adaptive!r}")
+        if adaptive and tie_output:
+            self.adaptive = TiedAdaptiveLogSoftmax(self.embed)
+        elif adaptive:
             self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(d_model, vocab, cutoffs,
                                                           div_value=float(adaptive.get("div_value", 4.0)))
         # Transformer-XL's r_w_bias / r_r_bias: one (H, d) pair for the whole model.
@@ -160,7 +169,7 @@ class LanguageModel(KernelRegularized, nn.Module):
             # into an output of the input's dtype, which CPU autocast's bfloat16 log_softmax does not match
             with torch.autocast(x.device.type, enabled=False):
                 h = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(b * t, -1)
-                logits = (-self.adaptive(h, targets.reshape(-1)).output.view(b, t) if targets is not None
+                logits = (self._adaptive_nll(h, targets.reshape(-1)).view(b, t) if targets is not None
                           else self.adaptive.log_prob(h).view(b, t, -1))
         else:
             logits = x @ (self.embed.weight if self.output is None else self.output.weight).t()
@@ -170,6 +179,12 @@ class LanguageModel(KernelRegularized, nn.Module):
                                          reduction="none").view(b, t)
         new_mems = self._update_mems(hids, mems)
         return (logits, new_mems, weights) if need_weights else (logits, new_mems)
+
+    def _adaptive_nll(self, h: Tensor, targets: Tensor) -> Tensor:
+        """(N, d), (N,) -> (N,) -log p(target | h) of the adaptive soft-max."""
+        if isinstance(self.adaptive, TiedAdaptiveLogSoftmax):
+            return self.adaptive(h, targets)
+        return -self.adaptive(h, targets).output
 
     def attention_maps(self, tokens: Tensor, mems: list[Tensor] | None = None) -> list[Tensor]:
         """(B, H, T, M+T) attention weights per layer, without gradients."""

@@ -36,9 +36,23 @@ SMALL_NMT = {
               "schedule": {"name": "inverse_sqrt", "warmup": 100, "warmup_init_lr": 1e-7}},
     "eval": {"beam": 1, "max_sentences": 200, "batch_size": 100},
 }
+
+
+class _Removed:
+    """A scale's change that removes a setting from the paper's config (None is a setting's value)."""
+
+    def __repr__(self) -> str:
+        return "removed"
+
+
+REMOVED = _Removed()
+
+#: the small LM has a full soft-max tied to its input embedding: WikiText-2's 33k words are fewer than the last
+#: cutoff of the paper's adaptive soft-max
 SMALL_SP = {
     "task": {"batch_size": 8, "tgt_len": 32},
-    "model": {"d_model": 64, "n_heads": 4, "d_head": 16, "d_ff": 128, "n_layers": 2, "mem_len": 32},
+    "model": {"d_model": 64, "n_heads": 4, "d_head": 16, "d_ff": 128, "n_layers": 2, "mem_len": 32,
+              "adaptive": REMOVED},
     "train": {"max_steps": 200, "lr": 1e-3, "eval_every": 0, "checkpoint_every": 50, "test_best": False},
     "eval": {"tgt_len": 32, "mem_len": 32, "clamp_len": 64, "batch_size": 60},
 }
@@ -69,7 +83,8 @@ CONVERGED_SP = {
 
 
 def _describe(d: dict, prefix: str) -> list[str]:
-    return [f"{prefix}: {sec}.{k} = {v}" for sec, kv in d.items() for k, v in kv.items()]
+    return [f"{prefix}: {sec}.{k} = {v}" if v is not REMOVED else f"{prefix}: {sec}.{k} removed"
+            for sec, kv in d.items() for k, v in kv.items()]
 
 
 SHRINK_NMT = ["NMT data: Multi30k De-En (IWSLT'14 is not staged); BLEU of greedy decoding on the first 200 "
@@ -103,9 +118,11 @@ def cell_base(rel: str, shrink: Callable[[dict], dict] | None, dataset: Any) -> 
 
 
 def _merge(cfg: dict, over: dict) -> dict:
+    """``cfg`` with each section updated by ``over``'s; a setting :data:`REMOVED` in ``over`` is removed."""
     cfg = copy.deepcopy(cfg)
     for sec, kv in over.items():
-        cfg[sec] = {**(cfg.get(sec) or {}), **copy.deepcopy(kv)}
+        merged = {**(cfg.get(sec) or {}), **{k: copy.deepcopy(v) for k, v in kv.items() if v is not REMOVED}}
+        cfg[sec] = {k: v for k, v in merged.items() if kv.get(k) is not REMOVED}
     return cfg
 
 

@@ -30,7 +30,7 @@ from kernel_attention.study.resultset import Manifest
 __all__ = ["fill", "PlaceholderError", "PLACEHOLDER"]
 
 PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.S)
-_SETTING = re.compile(r"^(\w+): (\S+ = .*)$")  # "NMT: train.lr = 0.002", one setting a scale changes
+_SETTING = re.compile(r"^(\w+): (\S+ (?:= .*|removed))$")  # "NMT: train.lr = 0.002", one setting a scale changes
 
 
 class PlaceholderError(ValueError):
