@@ -6,7 +6,8 @@
 #
 # Each STUDY[:ONLY] gets PROCS processes (default 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
 # into $OUT/studies (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420) they
-# are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  What comes back is
+# are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  The cells of a
+# published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they are not trained again.  What comes back is
 # small: the checkpoints (*.pt) are removed, so a cell stopped before it finished starts again next window, and a
 # finished one is complete in its result.json and metrics.jsonl.  Copy $OUT/studies/<study>-converged/cells/*
 # into the studies folder the CPU runs use, and collect there.  The package is read from src/ (PYTHONPATH); its
@@ -32,6 +33,10 @@ echo "== $(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=name --format=csv,noheade
 pids=()
 for set in "${SETS[@]}"; do
     name=${set%%:*}; only=${set#*:}; [ "$only" = "$set" ] && only=""
+    # the cells published so far are carried in, not trained again
+    published=docs/results/$name-$SCALE/runs.csv
+    [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$OUT/studies" \
+        --import-runs "$published" --collect-only --no-figures | tail -n 1
     for i in $(seq "$PROCS"); do
         timeout -s INT "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
             --out "$OUT/studies" --checkpoint-minutes 1 --no-figures > "$OUT/$name.$i.log" 2>&1 &
