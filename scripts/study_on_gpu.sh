@@ -6,15 +6,14 @@
 #
 # Each STUDY[:ONLY] gets PROCS processes (default 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
 # into $OUT/studies (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420) they
-# are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  The cells of a
-# published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they are not trained again.  What comes back is
-# small: the checkpoints (*.pt) are removed, so a cell stopped before it finished starts again next window, and a
-# finished one is complete in its result.json and metrics.jsonl.  Copy the cells that trained there (the folders
-# of $OUT/studies/<study>-converged/cells/ with a metrics.jsonl) into the studies folder the CPU runs use, and
-# collect there.  The package is read from src/ (PYTHONPATH); its
-# dependencies must be importable on the machine (torch, sacrebleu, tokenizers, PyYAML, ...): where they are not,
-# carry a folder wheels/ made here with `pip download -d wheels sacrebleu tokenizers ...` and it is installed
-# from there first.
+# are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  The cells of a published
+# set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they are not trained again.  What comes back
+# is small: the checkpoints (*.pt) are removed, so a cell stopped before it finished starts again next window, and a
+# finished one is complete in its result.json and metrics.jsonl.  Copy the cells that trained there (the folders of
+# $OUT/studies/<study>-converged/cells/ with a metrics.jsonl) into the studies folder the CPU runs use, and collect
+# there.  The package is read from src/ (PYTHONPATH); its dependencies must be importable on the machine (torch,
+# sacrebleu, tokenizers, PyYAML, ...): where they are not, carry a folder wheels/ made here with `pip download -d
+# wheels sacrebleu tokenizers ...` and it is installed from there first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
