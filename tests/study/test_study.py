@@ -177,6 +177,21 @@ def test_every_paper_study_is_registered_and_builds():
         get_study("nope")
 
 
+def test_a_scale_removes_a_setting_of_the_paper_config_and_says_so():
+    """The paper's SP configs have Transformer-XL's adaptive soft-max, whose cutoffs exceed WikiText-2's
+    vocabulary: the small scale removes the setting (a full soft-max) and lists the removal among its changes;
+    a setting of None (eval.max_sentences at the converged scale: all sentences) stays a setting."""
+    st = get_study("dissection-positions")
+    paper = {c.id: c for c in st.build(StudyOptions(scale="paper"))[0]}
+    cells, shrink = st.build(StudyOptions(scale="small"))
+    sp = [c for c in cells if c.table == "t1-sp"]
+    assert sp and all("adaptive" not in c.config["model"] for c in sp)
+    assert all(paper[c.id].config["model"]["adaptive"]["cutoffs"] == [20000, 40000, 200000] for c in sp)
+    assert any("model.adaptive removed" in line for line in shrink)
+    nmt = [c for c in st.build(StudyOptions(scale="converged"))[0] if c.table == "t1-nmt"]
+    assert all(c.config["eval"]["max_sentences"] is None for c in nmt)
+
+
 def test_classification_runs_differ_on_every_dataset():
     """Cross-validated datasets vary the fold; TREC and SST, which have one given split, vary the seed
     (otherwise their runs would be copies of one another and report a std of 0)."""
