@@ -330,8 +330,8 @@ def test_a_study_names_the_revision_it_started_with(tmp_path, monkeypatch):
 
 def test_prose_paragraphs_and_list_items_are_reflowed_tables_code_and_commands_kept():
     from kernel_attention.study.results_page import _reflow
-    text = ("A paragraph\nbroken where a\nplaceholder was.\n\n- an item\n  going on\n- `a command`\n"
+    text = ("A paragraph\nbroken where a\nplaceholder was.\nA sentence.\n\n- an item\n  going on\n- `a command`\n"
             "| a | table |\n|---|---|\n\n```\ncode\n  kept\n```\n    indented code")
     assert _reflow(text).split("\n") == [
-        "A paragraph broken where a placeholder was.", "", "- an item going on", "- `a command`",
+        "A paragraph broken where a placeholder was.  A sentence.", "", "- an item going on", "- `a command`",
         "| a | table |", "|---|---|", "", "```", "code", "  kept", "```", "    indented code"]

@@ -174,7 +174,8 @@ def _reflow(text: str) -> str:
             blocks.append(line)
             joinable = False
         elif joinable and not line.startswith("- "):
-            blocks[-1] += " " + line.strip()
+            # a sentence that ended the line is followed by two spaces, as in the rest of the prose
+            blocks[-1] += ("  " if blocks[-1].endswith((".", "?", "!")) else " ") + line.strip()
         else:
             blocks.append(line)
             joinable = True
