@@ -195,3 +195,31 @@ def test_a_cell_without_a_result_is_not_drawn(tmp_path):
             assert f"up to {n} seeds" in fig._suptitle.get_text()
         finally:
             plt.close(fig)
+
+
+def test_a_cell_carried_from_a_twin_draws_the_twins_log(tmp_path):
+    """A cell whose result was carried over from a twin (the same configuration, trained once: in its own study or
+    another under the same output folder) has no log of its own; the figure draws the twin's, the same run."""
+    table = TableSpec("t9", "Table 9, NMT (BLEU)", "bleu", True, ROWS, [("nmt", "NMT")], {})
+    here, there = tmp_path / "study-a" / "cells", tmp_path / "study-b" / "cells"
+    exp, rbf = Cell("not-registered", "t9", "exp", "nmt", 1, {}), Cell("not-registered", "t9", "rbf", "nmt", 1, {})
+    twin = Cell("not-registered", "t1", "baseline", "nmt", 1, {})
+    _write_cell(there, twin, [3.0, 2.0], [(2, 30.0)])
+    _write_cell(here, rbf, [3.0, 2.5], [(2, 20.0)])
+    (here / exp.id).mkdir()
+    results = [{"cell": exp.id, "status": "ok", "valid": 30.0, "same_config_as": f"study-b/{twin.id}"},
+               {"cell": rbf.id, "status": "ok", "valid": 20.0}]
+    fig = figures.training_curves_figure(table, [exp, rbf], lambda c: here / c.id, results)
+    try:
+        valid = _panels(fig)[("validation BLEU", "NMT: validation BLEU")]
+        assert [list(line.get_ydata()) for line in valid.get_lines()] == [[30.0], [20.0]]
+        assert valid.get_legend_handles_labels()[1] == ["exponential", "RBF"]
+    finally:
+        plt.close(fig)
+    results[0]["same_config_as"] = rbf.id   # a twin in the same study
+    fig = figures.training_curves_figure(table, [exp, rbf], lambda c: here / c.id, results)
+    try:
+        valid = _panels(fig)[("validation BLEU", "NMT: validation BLEU")]
+        assert [list(line.get_ydata()) for line in valid.get_lines()] == [[20.0], [20.0]]
+    finally:
+        plt.close(fig)

@@ -14,9 +14,10 @@ its axes, labels and legends; close it with ``plt.close(fig)``).
 Where a curve comes from: the cell folder ``dir_of(cell)`` (``OUT/<study>/cells/<cell id>/``, see
 :mod:`.runner`) holds the run's ``metrics.jsonl`` (:mod:`kernel_attention.training.loop`): its ``"train"``
 records give the training loss, its ``"valid"`` records the table's metric (``TableSpec.metric``), both at
-their ``step`` (optimiser updates).  A cell carried over without its folder has no curve; a cell with no
-record among ``results`` (still training, or run with another configuration) is not drawn, as the table
-leaves it out.
+their ``step`` (optimiser updates).  A cell carried over from a twin (:mod:`.twins`: its record's
+``same_config_as``) draws the twin's log, the same run; one imported without its folder has no curve.  A cell with
+no record among ``results`` (still training, or run with another configuration) is not drawn, as the table leaves
+it out.
 """
 
 from __future__ import annotations
@@ -142,6 +143,17 @@ class _Variant:
         return any(r["diverged"] for r in self.runs) if mode == "mean" else self.best()["diverged"]
 
 
+def _twin_dir(d: Path, res: dict) -> Path:
+    """The folder of the twin a cell's record was carried from (``same_config_as``: a cell of the same study, or
+    ``<study folder>/<cell>`` of another under the same output folder), given the cell's own folder ``d``
+    (``OUT/<study folder>/cells/<cell id>``); ``d`` itself when the record was not carried."""
+    src = res.get("same_config_as")
+    if not src:
+        return d
+    folder, _, cell = src.rpartition("/")
+    return d.parents[2] / folder / "cells" / cell if folder else d.parent / cell
+
+
 def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict, bool]:
     """{(row id, col id): _Variant} of the (row, column)s with a logged run, and whether every plotted
     run's validation metric is in scaled units (``scaled_units`` tables with each run's ``unit_factor``).
@@ -156,8 +168,8 @@ def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict
             for c in sorted((c for c in cells if c.row == rid and c.col == cid), key=lambda c: c.seed):
                 if c.id not in by_id:
                     continue
-                records = read_metrics(dir_of(c))
                 res = by_id[c.id]
+                records = read_metrics(dir_of(c)) or read_metrics(_twin_dir(dir_of(c), res))
                 factor = table.scale_factor
                 if table.scaled_units:
                     if _finite(res.get("unit_factor")):
