@@ -284,8 +284,15 @@ def test_an_unknown_placeholder_in_prose_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("path", CSVS, ids=[p.parent.name for p in CSVS])
 def test_every_row_names_its_command_and_revision(path):
+    """A row carried over from a twin of another study (``same_config_as`` = ``<study folder>/<cell>``) keeps the
+    command that trained it, that study's."""
     records = read_csv(path)
-    assert all(r.get("command", "").startswith(f"kernel-attention study {r['study']} ") for r in records)
+    for r in records:
+        folder = r.get("same_config_as", "").rpartition("/")[0]
+        command = r.get("command", "").split()
+        assert command[:2] == ["kernel-attention", "study"], r["cell"]
+        trained_by = r["study"] if not folder else folder.removesuffix(f"-{r['scale']}")
+        assert command[2] == trained_by, r["cell"]
     assert all(re.fullmatch(r"[0-9a-f]{7,}(\+dirty)?", r.get("revision", "")) for r in records)
 
 
