@@ -129,7 +129,7 @@ def _section(man: Manifest, s: ResultSet) -> list[str]:
     tables = render_tables(s.study, records, [], s.scale, wall_s=sum(float(r.get("wall_s") or 0)
                                                                              for r in records),
                            machine=machine or _UNKNOWN_MACHINE, earlier={"machine": _UNKNOWN_MACHINE})
-    out = ["", f"## {s.title}: `{s.name}`", "", _reflow(fill(s.prose.read_text(), man, str(s.prose)).strip())]
+    out = ["", f"## {s.title}: `{s.name}`", "", _prose(man, s.prose)]
     out += _demote(tables)
     out += _revisions(s)
     run = [m for m in s.marked if m.paired.n]  # a comparison of cells the set did not run has no line here
@@ -182,15 +182,20 @@ def _reflow(text: str) -> str:
     return "\n".join(blocks)
 
 
+def _prose(man: Manifest, path: Path) -> str:
+    """The prose file ``path`` with its placeholders filled and its paragraphs reflowed."""
+    return _reflow(fill(path.read_text(), man, str(path)).strip())
+
+
 def render_page(results: str | Path) -> str:
     """The markdown of the results page from the folder ``results`` (its sections.yaml, module docstring)."""
     man = load_manifest(results)
-    out = [TITLE, "", _reflow(fill(man.intro.read_text(), man, str(man.intro)).strip()), ""]
+    out = [TITLE, "", _prose(man, man.intro), ""]
     out += _checklist(man) + [""] + _method()
     for s in man.sets:
         out += _section(man, s)
     if man.outro is not None:
-        out += ["", _reflow(fill(man.outro.read_text(), man, str(man.outro)).strip())]
+        out += ["", _prose(man, man.outro)]
     return "\n".join(_wrap(out)) + "\n"
 
 
