@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The converged study cells on this machine's CPU, one process per core, in the order the results need them:
 # the SP baseline (TD Table 1's Vaswani row, whose perplexity is the bar the LM cells are read against), the NMT
-# columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.
+# columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.  Among the NMT columns, Tables 3
+# and 4 (few cells to train, the rest carried over from Table 1) come before the rest of Table 2, so that each
+# table's comparisons have seeds early; Table 2's exponential-vs-linear comparison came first.
 #
 #   [PROCS=2] [OUT=studies] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
 #
@@ -18,8 +20,8 @@ PROCS=${PROCS:-$(nproc)}
 OUT=${OUT:-studies}
 KA=${KA:-.venv/bin/kernel-attention}
 QUEUE=(dissection-positions:t1-sp/vaswani
-       dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt dissection-values:t4-nmt
-       ika-translation:
+       dissection-positions:t1-nmt dissection-kernels:t2-nmt/linear dissection-order:t3-nmt
+       dissection-values:t4-nmt ika-translation: dissection-kernels:t2-nmt
        dissection-positions:t1-sp dissection-kernels:t2-sp dissection-order:t3-sp dissection-values:t4-sp)
 mkdir -p "$OUT/logs"
 walk() {
