@@ -232,6 +232,39 @@ def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_conf
         fill("{{ changes positions-converged }}", load_manifest(root))
 
 
+def test_stops_counts_early_stops_and_step_limits_from_the_rows(tmp_path):
+    root = tmp_path / "results"
+    _tiny_set(root, "positions-converged", "converged", 3, better=1.0)
+    (root / "intro.md").write_text("intro\n")
+    (root / "sections.yaml").write_text(
+        "intro: intro.md\nsections:\n"
+        "  - {set: positions-converged, title: converged, prose: positions-converged/prose.md}\n")
+    study = get_study("dissection-positions")
+    cells, _ = study.cells(StudyOptions(scale="converged", seeds=3))
+    train = {c.id: c.config["train"] for c in cells}
+    path = root / "positions-converged" / "runs.csv"
+    rows = read_csv(path)
+    limit = train[rows[0]["cell"]]["max_steps"]
+    for i, r in enumerate(rows):  # rows 0-1 stop early at 2000 and 2500; the others run to the limit
+        r["steps"] = (2000, 2500)[i] if i < 2 else limit
+        r["best_step"] = r["steps"] - 1500 if i < 2 else (limit if i < 4 else limit - 500)
+    rows[-1]["status"] = "diverged"  # not counted: a run that did not finish
+    write_csv(path, study, rows)
+
+    def stops() -> str:
+        return fill("{{ stops positions-converged / t1-sp }}", load_manifest(root))
+    patience = train[rows[0]["cell"]]["patience"]
+    assert stops() == (f"2 of 5 stopped early, after 2000-2500 updates, once {patience} validations in a row had "
+                       f"not improved; 3 ran to the step limit ({limit} updates), 2 of them with their best "
+                       f"validation at the last evaluation")
+    for r in rows:
+        r["steps"] = limit
+    write_csv(path, study, rows)
+    assert stops().startswith("all 5 ran to the step limit")
+    with pytest.raises(PlaceholderError, match="no finished cell"):
+        fill("{{ stops positions-converged / t1-nmt }}", load_manifest(root))
+
+
 def test_the_checklist_prefers_a_converged_set(tmp_path):
     root = tmp_path / "results"
     _tiny_set(root, "positions-small", "small", 1, better=5.0)            # one seed: no test

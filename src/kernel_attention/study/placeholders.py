@@ -7,6 +7,10 @@
     {{ wall SET / TABLE }}                               the mean wall time of the table's trained cells (those
                                                          not carried over from a twin), in minutes
     {{ cells SET }}                                      the number of runs.csv rows of the set
+    {{ stops SET / TABLE }}                              how the table's finished cells stopped: early
+                                                         (``train.patience`` validations without a better
+                                                         one) or at ``train.max_steps``, and of the latter how
+                                                         many had their best validation at the last one
     {{ seeds SET }}                                      the seeds (folds, splits) the set ran, e.g. "1-5"
     {{ params SET / TABLE / ROW / COL }}                 the cell's model size in parameters, e.g. "16.1M"
     {{ changes SET }}                                    what the set's scale changes relative to the paper's
@@ -46,7 +50,7 @@ def _seeds(seeds: list[int]) -> str:
 def _value(manifest: Manifest, expr: str) -> str:
     words = expr.split(None, 1)
     kind, rest = (words[0], words[1] if len(words) > 1 else "") if words and words[0] in (
-        "diff", "wall", "cells", "seeds", "params", "changes") else ("cell", expr)
+        "diff", "wall", "cells", "seeds", "params", "changes", "stops") else ("cell", expr)
     parts = [p.strip() for p in rest.split("/")]
     try:
         s = manifest.get(parts[0])
@@ -59,6 +63,9 @@ def _value(manifest: Manifest, expr: str) -> str:
             if not walls:
                 raise KeyError(f"table {parts[1]} of {s.name} has no trained cell")
             return f"{sum(walls) / len(walls) / 60:.1f} min"
+        if kind == "stops" and len(parts) == 2:
+            s.study.table(parts[1])  # KeyError for an unknown table
+            return _stops(s, parts[1])
         if kind == "cells" and len(parts) == 1:
             return str(len(s.records))
         if kind == "seeds" and len(parts) == 1:
@@ -84,13 +91,46 @@ def _value(manifest: Manifest, expr: str) -> str:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
                            f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., "
-                           f"wall SET [/ TABLE], cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
+                           f"wall SET [/ TABLE], stops SET / TABLE, cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
+
+
+def _grid(s):
+    """``(cells, changes)`` of the set's study at its scale, with seeds enough for every row of the set."""
+    seeds = max(int(r["seed"]) for r in s.records) + 1
+    return s.study.cells(StudyOptions(scale=s.scale, seeds=seeds))
+
+
+def _stops(s, table: str) -> str:
+    """How the finished (``ok``) rows of ``table`` stopped, e.g. "all 12 ran to the step limit (3000
+    updates), 9 of them with their best validation at the last evaluation"."""
+    cfg = {c.id: c.config.get("train", {}) for c in _grid(s)[0]}
+    rows = [r for r in s.records if r["table"] == table and r.get("status") == "ok" and r["cell"] in cfg]
+    if not rows:
+        raise KeyError(f"table {table} of {s.name} has no finished cell")
+    if any(cfg[r["cell"]].get("max_steps") is None for r in rows):
+        raise KeyError(f"the cells of table {table} of {s.name} have no train.max_steps")
+    limit = [r for r in rows if int(r["steps"]) >= int(cfg[r["cell"]]["max_steps"])]
+    early = [r for r in rows if r not in limit]
+    at_last = sum(1 for r in limit if r.get("best_step") and int(r["best_step"]) == int(r["steps"]))
+
+    def span(values) -> str:
+        v = sorted(set(values))
+        return str(v[0]) if len(v) == 1 else f"{v[0]}-{v[-1]}"
+    ran = (f"ran to the step limit ({span(int(cfg[r['cell']]['max_steps']) for r in limit)} updates), {at_last} "
+           f"of them with their best validation at the last evaluation") if limit else ""
+    stopped = (f"stopped early, after {span(int(r['steps']) for r in early)} updates, once "
+               f"{span(int(cfg[r['cell']]['patience']) for r in early)} validations in a row had not "
+               f"improved") if early else ""
+    if not limit:
+        return f"all {len(rows)} {stopped}"
+    if not early:
+        return f"all {len(rows)} {ran}"
+    return f"{len(early)} of {len(rows)} {stopped}; {len(limit)} {ran}"
 
 
 def _changes(s) -> str:
     """The set's scale changes as a list, after checking that its rows ran with the cells' configurations."""
-    seeds = max(int(r["seed"]) for r in s.records) + 1
-    cells, changes = s.study.cells(StudyOptions(scale=s.scale, seeds=seeds))
+    cells, changes = _grid(s)
     key = {c.id: c.key for c in cells}
     other = [r["cell"] for r in s.records
              if r.get("config") and r.get("cell") in key and r["config"] != key[r["cell"]]]
