@@ -1,0 +1,69 @@
+"""The study scripts of ``scripts/``: their queues name cells that exist, and the CPU queue leaves none out."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kernel_attention.study.core import StudyOptions, get_study
+from kernel_attention.study.runner import select_cells
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+#: the studies whose converged cells scripts/converged_on_cpu.sh trains
+CONVERGED = ("dissection-positions", "dissection-kernels", "dissection-order", "dissection-values", "ika-translation")
+
+
+def _array(script: str, name: str) -> list[str]:
+    """The words of the bash array ``name=( ... )`` in ``scripts/<script>``: the first assignment of a list of
+    words (not ``"$@"``)."""
+    text = (SCRIPTS / script).read_text()
+    m = re.search(rf"\b{name}=\(([a-z].*?)\)", text, re.S)
+    assert m, f"no array {name} in scripts/{script}"
+    return m.group(1).split()
+
+
+def _selected(entry: str, scale: str = "converged") -> list:
+    """The cells a ``STUDY:ONLY`` entry runs (ONLY empty: the whole study)."""
+    name, _, only = entry.partition(":")
+    cells, _ = get_study(name).cells(StudyOptions(scale=scale))
+    return select_cells(cells, tuple(o for o in only.split(",") if o), name)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.sh")))
+def test_scripts_parse(script):
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    subprocess.run(["bash", "-n", str(SCRIPTS / script)], check=True)
+
+
+def test_the_cpu_queue_names_cells_and_leaves_no_converged_cell_out():
+    queue = _array("converged_on_cpu.sh", "QUEUE")
+    covered = set()
+    for entry in queue:
+        cells = _selected(entry)
+        assert cells, entry
+        covered |= {(c.study, c.id) for c in cells}
+    for name in CONVERGED:
+        cells, _ = get_study(name).cells(StudyOptions(scale="converged"))
+        missing = [c.id for c in cells if (c.study, c.id) not in covered]
+        assert not missing, f"scripts/converged_on_cpu.sh never runs {name}'s {missing[:3]}"
+
+
+def test_the_cpu_queue_runs_the_nmt_columns_and_ika_table_3_before_the_sp_columns():
+    """The order the converged results need: the SP baseline first, then every NMT column, then the SP ones."""
+    queue = _array("converged_on_cpu.sh", "QUEUE")
+    first_sp = min(i for i, e in enumerate(queue[1:], 1) if any(c.table.endswith("-sp") for c in _selected(e)))
+    assert {c.table for c in _selected(queue[0])} == {"t1-sp"}
+    for entry in queue[1:first_sp]:
+        assert all(not c.table.endswith("-sp") for c in _selected(entry)), entry
+    assert any(e.startswith("ika-translation") for e in queue[1:first_sp])
+    assert all(c.table.endswith("-sp") for e in queue[first_sp:] for c in _selected(e))
+
+
+def test_the_gpu_window_defaults_name_cells():
+    for entry in _array("study_on_gpu.sh", "SETS"):
+        assert _selected(entry), entry
