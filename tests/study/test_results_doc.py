@@ -201,13 +201,19 @@ def _tiny_set(root: Path, name: str, scale: str, seeds: int, better: float) -> N
     (root / name / "prose.md").write_text(f"Wall {{{{ wall {name} }}}}.\n")
 
 
-def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_configuration(tmp_path):
+def _one_converged_set(tmp_path: Path, better: float) -> Path:
+    """A results folder whose page is one converged set made by :func:`_tiny_set`, ``positions-converged``."""
     root = tmp_path / "results"
-    _tiny_set(root, "positions-converged", "converged", 3, better=-5.0)
+    _tiny_set(root, "positions-converged", "converged", 3, better=better)
     (root / "intro.md").write_text("intro\n")
     (root / "sections.yaml").write_text(
         "intro: intro.md\nsections:\n"
         "  - {set: positions-converged, title: converged, prose: positions-converged/prose.md}\n")
+    return root
+
+
+def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_configuration(tmp_path):
+    root = _one_converged_set(tmp_path, better=-5.0)
     study = get_study("dissection-positions")
     cells, changes = study.cells(StudyOptions(scale="converged", seeds=3))
     key = {c.id: c.key for c in cells}
@@ -233,12 +239,7 @@ def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_conf
 
 
 def test_stops_counts_early_stops_and_step_limits_from_the_rows(tmp_path):
-    root = tmp_path / "results"
-    _tiny_set(root, "positions-converged", "converged", 3, better=1.0)
-    (root / "intro.md").write_text("intro\n")
-    (root / "sections.yaml").write_text(
-        "intro: intro.md\nsections:\n"
-        "  - {set: positions-converged, title: converged, prose: positions-converged/prose.md}\n")
+    root = _one_converged_set(tmp_path, better=1.0)
     study = get_study("dissection-positions")
     cells, _ = study.cells(StudyOptions(scale="converged", seeds=3))
     train = {c.id: c.config["train"] for c in cells}
