@@ -3,7 +3,8 @@
 # the SP baseline (TD Table 1's Vaswani row, whose perplexity is the bar the LM cells are read against), the NMT
 # columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.  Among the NMT columns, Tables 3
 # and 4 (few cells to train, the rest carried over from Table 1) come before the rest of Table 2, so that each
-# table's comparisons have seeds early; Table 2's exponential-vs-linear comparison came first.
+# table's comparisons have seeds early; of Table 2, the linear rows (the table's main finding, against the
+# exponential kernel of Table 1) come first.
 #
 #   [PROCS=2] [OUT=studies] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
 #

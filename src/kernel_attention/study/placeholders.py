@@ -91,7 +91,8 @@ def _value(manifest: Manifest, expr: str) -> str:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
                            f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., "
-                           f"wall SET [/ TABLE], stops SET / TABLE, cells SET, seeds SET, params SET / TABLE / ROW / COL, changes SET)")
+                           f"wall SET [/ TABLE], stops SET / TABLE, cells SET, seeds SET, "
+                           f"params SET / TABLE / ROW / COL, changes SET)")
 
 
 def _grid(s):
@@ -110,7 +111,9 @@ def _stops(s, table: str) -> str:
     if any(cfg[r["cell"]].get("max_steps") is None for r in rows):
         raise KeyError(f"the cells of table {table} of {s.name} have no train.max_steps")
     limit = [r for r in rows if int(r["steps"]) >= int(cfg[r["cell"]]["max_steps"])]
-    early = [r for r in rows if r not in limit]
+    early = [r for r in rows if int(r["steps"]) < int(cfg[r["cell"]]["max_steps"])]
+    if any(cfg[r["cell"]].get("patience") is None for r in early):
+        raise KeyError(f"cells of table {table} of {s.name} stopped before train.max_steps without train.patience")
     at_last = sum(1 for r in limit if r.get("best_step") and int(r["best_step"]) == int(r["steps"]))
 
     def span(values) -> str:
