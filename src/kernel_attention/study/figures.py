@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
+from kernel_attention.study.twins import twin_dir  # noqa: E402
 from kernel_attention.training.run_log import read_metrics  # noqa: E402
 
 __all__ = ["training_curves", "training_curves_figure", "attention_heatmaps", "attention_heatmaps_figure",
@@ -143,17 +144,6 @@ class _Variant:
         return any(r["diverged"] for r in self.runs) if mode == "mean" else self.best()["diverged"]
 
 
-def _twin_dir(d: Path, res: dict) -> Path:
-    """The folder of the twin a cell's record was carried from (``same_config_as``: a cell of the same study, or
-    ``<study folder>/<cell>`` of another under the same output folder), given the cell's own folder ``d``
-    (``OUT/<study folder>/cells/<cell id>``); ``d`` itself when the record was not carried."""
-    src = res.get("same_config_as")
-    if not src:
-        return d
-    folder, _, cell = src.rpartition("/")
-    return d.parents[2] / folder / "cells" / cell if folder else d.parent / cell
-
-
 def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict, bool]:
     """{(row id, col id): _Variant} of the (row, column)s with a logged run, and whether every plotted
     run's validation metric is in scaled units (``scaled_units`` tables with each run's ``unit_factor``).
@@ -169,7 +159,7 @@ def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict
                 if c.id not in by_id:
                     continue
                 res = by_id[c.id]
-                records = read_metrics(dir_of(c)) or read_metrics(_twin_dir(dir_of(c), res))
+                records = read_metrics(dir_of(c)) or read_metrics(twin_dir(dir_of(c), res))
                 factor = table.scale_factor
                 if table.scaled_units:
                     if _finite(res.get("unit_factor")):

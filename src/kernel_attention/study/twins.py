@@ -33,7 +33,7 @@ from typing import Callable
 
 from kernel_attention.study.core import Cell
 
-__all__ = ["twins_of", "finished_twin", "other_studies_results", "finished_elsewhere"]
+__all__ = ["twins_of", "finished_twin", "other_studies_results", "finished_elsewhere", "twin_dir"]
 
 #: Statuses of a twin's record that are carried over (a deterministic outcome of the configuration).
 CARRIED = ("ok", "diverged")
@@ -100,3 +100,15 @@ def finished_elsewhere(cell: Cell, paths: list[Path]) -> dict | None:
         origin = rec.get("same_config_as") or p.parts[-2]  # the cell that trained, if this one was carried
         return _carried(rec, cell, origin if "/" in origin else f"{p.parts[-4]}/{origin}")
     return None
+
+
+def twin_dir(d: Path, rec: dict) -> Path:
+    """The folder of the cell a record was carried from (its ``same_config_as``, as :func:`_carried` writes it:
+    a cell of the same study, or ``<study folder>/<cell>`` of another under the same output folder), given the
+    carrying cell's own folder ``d`` (``OUT/<study folder>/cells/<cell id>``); ``d`` itself when the record was
+    not carried."""
+    src = rec.get("same_config_as")
+    if not src:
+        return d
+    folder, _, cell = src.rpartition("/")
+    return d.parents[2] / folder / "cells" / cell if folder else d.parent / cell
