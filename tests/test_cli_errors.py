@@ -52,6 +52,7 @@ def trained(tmp_path, capsys):
     ("train.max_steps=-5", "train.max_steps must be an integer >= 1 (or null), got -5"),
     ("train.clip_norm=-1", "train.clip_norm must be a finite number >= 0 (0 = no clipping), got -1"),
     ("train.eval_every=-1", "train.eval_every must be an integer >= 0 (0 = only at the end), got -1"),
+    ("train.compile=yes please", "train.compile must be true or false, got 'yes please'"),
     ("data.bogus=1", "unknown data option(s) bogus; accepted: dataset, root"),
     ("eval.beam=0", "eval.beam must be an integer >= 1 (1 = greedy), got 0"),
     ("eval.len_penalty=.nan", "eval.len_penalty must be a finite number, got nan"),

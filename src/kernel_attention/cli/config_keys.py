@@ -23,6 +23,7 @@ _TRAIN_NOTES = {
     "optimizer": "adam | adamw", "precision": "fp32 | bf16 | fp16 (bf16/fp16 need CUDA)",
     "test_best": "at the end also evaluate best.pt on test", "tensorboard": "also write TensorBoard events",
     "device": "null = cuda:LOCAL_RANK if available, else cpu",
+    "compile": "train through torch.compile(model, dynamic=True); evaluation runs eager",
     "stop_after": "stop after this step without saving (simulates a kill)",
     "max_steps": "optimiser updates", "log_every": "steps between train records (and progress lines)",
     "eval_every": "steps between valid evaluations",

@@ -84,6 +84,8 @@ class TrainConfig:
                                         # (rank 0); false = neither
     tensorboard: bool = False
     device: str | None = None           # None = cuda:LOCAL_RANK if available else cpu
+    compile: bool = False               # train through torch.compile(model, dynamic=True); evaluation and
+                                        # checkpoints use the eager module, so the weights are the same
     stop_after: int | None = None       # simulate a kill after this global step (tests)
 
     def __post_init__(self):
@@ -91,7 +93,7 @@ class TrainConfig:
             raise ValueError("TrainConfig needs max_steps or max_epochs")
         for name, (kind, low, rule) in _NUMBERS.items():
             setattr(self, name, _checked(name, getattr(self, name), kind, low, rule))
-        for name in ("test_best", "tensorboard") + (("progress",) if self.progress is not None else ()):
+        for name in ("test_best", "tensorboard", "compile") + (("progress",) if self.progress is not None else ()):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false{' (or null)' if name == 'progress' else ''}, "
                                  f"got {getattr(self, name)!r}")

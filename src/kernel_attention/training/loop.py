@@ -41,6 +41,10 @@ drops ``metrics.jsonl`` lines written after that checkpoint, and continues; the 
 uninterrupted run.  ``stop_after`` (or env ``KA_STOP_AFTER``) ends :meth:`Trainer.fit` right after that
 many updates *without* writing anything more, which is how tests simulate a kill.
 
+``compile=True`` trains through ``torch.compile(model, dynamic=True)`` (after the DDP wrapper); ``task.loss``
+calls the compiled module, ``task.evaluate`` may call it or :func:`~.task.unwrap` it, and checkpoints hold
+the eager module's weights, so a run may be resumed with or without compiling.
+
 Precision ``"bf16"``/``"fp16"`` use ``torch.autocast`` on CUDA (fp16 with a ``GradScaler``); on CPU they fall
 back to fp32 with a warning.  Optimisers: ``"adam"`` (``torch.optim.Adam``, L2 weight decay added to the
 gradient) and ``"adamw"`` (decoupled weight decay; this is what fairseq's ``--optimizer adam
@@ -134,6 +138,8 @@ class Trainer:
         else:  # a run killed before its first checkpoint starts again from step 0: its records go too
             self.metrics.truncate(0)
         self.model = D.wrap_model(self.raw_model, self.device)
+        if config.compile:  # dynamic: token batches vary in length, and one graph serves them all
+            self.model = torch.compile(self.model, dynamic=True)
         self._last_eval: tuple[int, dict] | None = None
         self._last_eval_step: int | None = None
 
