@@ -57,7 +57,6 @@ import contextlib
 import itertools
 import math
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -70,7 +69,7 @@ from kernel_attention.training import distributed as D
 from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
                                                   set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
-from kernel_attention.training.progress_line import ProgressLines
+from kernel_attention.training.progress_line import progress_display
 from kernel_attention.training.run_log import RunLog
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task
@@ -295,22 +294,6 @@ class Trainer:
             total = min(total, by_epochs) if total is not None else by_epochs
         return total
 
-    def _progress(self):
-        """The tqdm bar (disabled unless ``progress`` is true, or None on a terminal), and the plain
-        progress lines (:mod:`.progress_line`) that replace it when ``progress`` is None and stderr is not a
-        terminal (None where they are off)."""
-        c = self.config
-        tty = sys.stderr.isatty()
-        enabled = c.progress if c.progress is not None else tty
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=self.planned_steps, initial=self.step, disable=not (enabled and self.is_main), unit="step",
-                   dynamic_ncols=True)
-        lines = None
-        if c.progress is None and not tty and self.is_main:
-            lines = ProgressLines(self.planned_steps, self.step, getattr(self.task, "throughput_unit", "tokens"))
-        return bar, lines
-
     def fit(self) -> dict[str, Any]:
         """Train until max_steps / max_epochs / early stopping (or ``stop_after``); returns a summary dict with
         ``step``, ``epoch``, ``best``, ``final`` ({split: metrics}), ``best_test``, ``interrupted`` and
@@ -323,7 +306,8 @@ class Trainer:
         stop_after = c.stop_after if c.stop_after is not None else (
             int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
         self.metrics.open()
-        bar, lines = self._progress()
+        bar, lines = progress_display(self.config.progress, self.planned_steps, self.step, self.is_main,
+                                      getattr(self.task, "throughput_unit", "tokens"))
         acc: dict[str, float] = {}
         t_last, steps_since, tokens_since = time.time(), 0, 0
         try:

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import IO
 
-__all__ = ["ProgressLines", "format_duration"]
+__all__ = ["ProgressLines", "format_duration", "progress_display"]
 
 #: Seconds between two lines at least (the first and the last logged step always print).
 INTERVAL = 10.0
@@ -57,3 +57,16 @@ class ProgressLines:
         if self.planned and done > 0:
             parts.append(f"ETA {format_duration(elapsed / done * max(self.planned - step, 0))}")
         print("  ".join(parts), file=self.stream, flush=True)
+
+
+def progress_display(progress: bool | None, total: int | None, step: int, is_main: bool, unit: str):
+    """``(bar, lines)`` for ``train.progress``: the tqdm bar (disabled unless ``progress`` is true, or None
+    on a terminal), and the plain :class:`ProgressLines` that replace it when ``progress`` is None and stderr
+    is not a terminal (None where they are off).  Only the main process (``is_main``) shows either."""
+    from tqdm.auto import tqdm
+
+    tty = sys.stderr.isatty()
+    enabled = progress if progress is not None else tty
+    bar = tqdm(total=total, initial=step, disable=not (enabled and is_main), unit="step", dynamic_ncols=True)
+    lines = ProgressLines(total, step, unit) if progress is None and not tty and is_main else None
+    return bar, lines
