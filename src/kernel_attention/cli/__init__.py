@@ -18,7 +18,8 @@ import sys
 from kernel_attention.cli.threads import add_threads_option, apply_threads
 
 # Sub-command modules, in the order ``--help`` shows them.
-COMMANDS = ["check", "data", "bench", "train", "evaluate", "translate", "generate", "export", "run", "study"]
+COMMANDS = ["check", "data", "bench", "train", "evaluate", "translate", "generate", "export", "average", "run",
+            "study"]
 
 # Commands that compute in this process and get ``--threads N`` (bench and study have their own; run
 # gives each worker one thread).

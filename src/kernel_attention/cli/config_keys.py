@@ -29,6 +29,8 @@ _TRAIN_NOTES = {
     "eval_every": "steps between valid evaluations",
     "patience": "stop after this many evaluations without a better valid metric (null = never)",
     "checkpoint_every": "steps between last.pt writes",
+    "keep_last": "also keep the weights of the last N checkpoint_every checkpoints as step_<k>.pt "
+                 "(kernel-attention average)",
     "checkpoint_minutes": "also write last.pt this often", "accum_steps": "micro-batches per update",
 }
 

@@ -20,7 +20,7 @@ __all__ = ["FREE_KEYS", "ConfigChangeError", "changed_keys", "check_resume_confi
 
 #: dotted keys (and prefixes ending in ".") that a resumed run may change without being another run
 FREE_KEYS = ("run.", "train.progress", "train.tensorboard", "train.checkpoint_minutes", "train.checkpoint_every",
-             "train.log_every", "train.stop_after", "train.device", "train.compile",
+             "train.log_every", "train.stop_after", "train.device", "train.compile", "train.keep_last",
              "data.root", "data.dataset.root")
 
 

@@ -7,6 +7,7 @@
     schedules.py     SCHEDULES registry: constant, inverse_sqrt (fairseq), cosine (Transformer-XL)
     run_log.py       metrics.jsonl (and TensorBoard): append, read, cut back to a checkpoint on resume
     checkpoint.py    atomic last.pt / best.pt with RNG states and data position
+    averaging.py     step_<k>.pt snapshots (train.keep_last) and the mean of their weights
     distributed.py   torchrun env -> process group (gloo on CPU, nccl on GPU), DDP, rank-0 helpers
     metrics.py       perplexity, BLEU (detokenised sacreBLEU / tokenised fairseq-style), accuracy, RMSE
     decoding.py      greedy and beam search over a model-agnostic step function

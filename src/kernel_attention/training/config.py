@@ -33,6 +33,7 @@ _NUMBERS: dict[str, tuple[type, float | None, str]] = {
     "eval_every": (int, 0, "an integer >= 0 (0 = only at the end)"),
     "checkpoint_every": (int, 0, "an integer >= 0 (0 = only at the end)"),
     "checkpoint_minutes": (float, 0, ">= 0 (0 = off), a finite number of minutes"),
+    "keep_last": (int, 0, "an integer >= 0 (0 = none)"),
     "stop_after": (int, 0, "an integer >= 0 (or null)"),
     "patience": (int, 1, "an integer >= 1 (or null: no early stopping)"),
 }
@@ -79,6 +80,8 @@ class TrainConfig:
     checkpoint_every: int = 0           # steps between last.pt writes; 0 = only at the end
     checkpoint_minutes: float = 10.0    # also write last.pt once this long has passed since the last write
                                         # (checked on logged steps; 0 = off), so a kill loses at most that
+    keep_last: int = 0                  # also keep the weights of the last N checkpoint_every checkpoints (and
+                                        # the final one) as step_<k>.pt, for checkpoint averaging (.averaging)
     test_best: bool = True              # at the end, also evaluate best.pt on "test"
     progress: bool | None = None        # tqdm bar; None = on a TTY, else plain lines every log_every steps
                                         # (rank 0); false = neither
@@ -99,6 +102,9 @@ class TrainConfig:
                                  f"got {getattr(self, name)!r}")
         if self.patience is not None and not self.eval_every:
             raise ValueError(f"train.patience={self.patience} counts evaluations: it needs train.eval_every > 0")
+        if self.keep_last and not self.checkpoint_every:
+            raise ValueError(f"train.keep_last={self.keep_last} keeps the checkpoints of train.checkpoint_every: "
+                             "it needs train.checkpoint_every > 0")
         if self.optimizer not in ("adam", "adamw"):
             raise ValueError(f"optimizer {self.optimizer!r} is not one of ['adam', 'adamw']")
         if self.precision not in ("fp32", "bf16", "fp16"):

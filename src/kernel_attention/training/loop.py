@@ -17,14 +17,15 @@ What one optimiser *step* (update) does, with ``n = accum_steps`` micro-batches 
 
 then, on multiples of ``log_every`` / ``eval_every`` / ``checkpoint_every`` steps: a ``train`` record in
 ``metrics.jsonl``, ``task.evaluate(model, "valid")`` (+ ``best.pt`` if it improved
-``task.metric_for_selection``), ``last.pt``; ``last.pt`` also on a logged step once ``checkpoint_minutes``
-have passed since it was last written (the ranks decide on their mean elapsed time, reduced with the
-train record, so that they all call the collective save together).  Training stops at ``max_steps``
-updates or after ``max_epochs`` epochs, whichever comes first, or (``patience = P``) once P evaluations in a
-row have not improved on the best validation metric (early stopping; the count is kept in the checkpoints,
-so a resumed run stops where an uninterrupted one would); then "valid" and "test" are evaluated,
-``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too (unless
-they are the final weights, best at the last step: their test numbers are then the final ones, and the test
+``task.metric_for_selection``), ``last.pt`` (and, with ``keep_last = N``, its weights as ``step_<k>.pt``, the
+newest N kept, for checkpoint averaging: :mod:`.averaging`); ``last.pt`` also on a logged step once
+``checkpoint_minutes`` have passed since it was last written (the ranks decide on their mean elapsed time,
+reduced with the train record, so that they all call the collective save together). Training stops at
+``max_steps`` updates or after ``max_epochs`` epochs, whichever comes first, or (``patience = P``) once P
+evaluations in a row have not improved on the best validation metric (early stopping; the count is kept in the
+checkpoints, so a resumed run stops where an uninterrupted one would); then "valid" and "test" are evaluated,
+``last.pt`` is written, and (``test_best``) the ``best.pt`` weights are evaluated on "test" too (unless they are
+the final weights, best at the last step: their test numbers are then the final ones, and the test
 split is evaluated once).
 
 Run directory: ``metrics.jsonl`` (one JSON object per line: ``{"step", "epoch", "split": "train" |
@@ -66,6 +67,7 @@ import torch
 from torch import nn
 
 from kernel_attention.training import distributed as D
+from kernel_attention.training.averaging import keep_snapshot
 from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
                                                   set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
@@ -156,11 +158,15 @@ class Trainer:
             "config": self.config.to_dict(), "extra": self.extra,
         }
 
-    def save(self, name: str = "last.pt") -> None:
-        """Write ``run_dir/name``; a collective call (every rank contributes its RNG state)."""
+    def save(self, name: str = "last.pt", snapshot: bool = False) -> None:
+        """Write ``run_dir/name``, and with ``snapshot`` and ``keep_last`` its weights as ``step_<k>.pt``
+        (:mod:`.averaging`); a collective call (every rank contributes its RNG state)."""
         rng = D.all_gather_object(get_rng_state())
         if self.is_main:
-            save_checkpoint(self.run_dir / name, self.state(rng))
+            state = self.state(rng)
+            if snapshot and self.config.keep_last:  # first: a kill between the two is redone from an older last.pt
+                keep_snapshot(self.run_dir, state, self.config.keep_last)
+            save_checkpoint(self.run_dir / name, state)
         D.barrier()
         self._saved_at = time.time()
 
@@ -346,11 +352,11 @@ class Trainer:
                         acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
                     if c.eval_every and self.step % c.eval_every == 0:
                         self._validate()
-                    due = bool(c.checkpoint_every) and self.step % c.checkpoint_every == 0
-                    due = due or (bool(c.checkpoint_minutes) and since_save is not None
-                                  and since_save >= 60 * c.checkpoint_minutes)
+                    periodic = bool(c.checkpoint_every) and self.step % c.checkpoint_every == 0
+                    due = periodic or (bool(c.checkpoint_minutes) and since_save is not None
+                                       and since_save >= 60 * c.checkpoint_minutes)
                     if due and not self._done():
-                        self.save()
+                        self.save(snapshot=periodic)
                     if stop_after is not None and self.step >= stop_after:
                         summary["interrupted"] = True
                         return self._summary(summary)
@@ -378,7 +384,7 @@ class Trainer:
             out["final"]["test"] = test
             self.log({"split": "test", **test, "final": True})
         self.finished = True
-        self.save("last.pt")
+        self.save("last.pt", snapshot=True)
         if self.is_main and self.config.test_best and (self.run_dir / "best.pt").is_file():
             if self.best["step"] == self.step:  # best.pt holds the weights just tested: the test set is read once
                 test = out["final"]["test"]
