@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Converged study cells on a lent GPU, many at once, in one window of under 8 minutes:
+# Converged study cells on a GPU machine, many at once, for a set time (LIMIT, under 8 minutes by default):
 #
 #   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] bash scripts/study_on_gpu.sh [STUDY[:ONLY] ...]
 #   default: dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt dissection-values:t4-nmt

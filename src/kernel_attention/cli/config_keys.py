@@ -20,7 +20,7 @@ _TRAIN_NOTES = {
     "progress": "tqdm bar; null = a bar on a terminal, else a plain line per logged step to stderr; "
                 "false = neither",
     "schedule": "constant, cosine[:warmup=N], inverse_sqrt:warmup=N, ...",
-    "optimizer": "adam | adamw", "precision": "fp32 | bf16 | fp16 (bf16/fp16 need CUDA)",
+    "optimizer": "adam | adamw", "precision": "fp32 | bf16 | fp16 (fp16 needs CUDA; bf16 runs on a CPU or CUDA)",
     "test_best": "at the end also evaluate best.pt on test", "tensorboard": "also write TensorBoard events",
     "device": "null = cuda:LOCAL_RANK if available, else cpu",
     "compile": "train through torch.compile(model, dynamic=True); evaluation runs eager",
