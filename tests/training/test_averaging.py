@@ -64,6 +64,13 @@ def test_the_trainer_keeps_the_newest_snapshots_and_a_resume_keeps_the_same(tmp_
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 
+def test_a_run_started_over_does_not_keep_the_old_runs_snapshots(tmp_path):
+    Trainer(ToyTask(), _cfg(), tmp_path / "run").fit()                          # snapshots 9 and 10
+    Trainer(ToyTask(), _cfg(max_steps=8, lr=1e-2), tmp_path / "run", resume=False).fit()
+    assert [p.name for p in snapshots(tmp_path / "run")] == ["step_6.pt", "step_8.pt"]
+    assert load_checkpoint(tmp_path / "run" / "step_6.pt")["config"]["lr"] == 1e-2
+
+
 def test_keep_last_needs_periodic_checkpoints():
     with pytest.raises(ValueError, match="train.keep_last=2 .* needs train.checkpoint_every > 0"):
         _cfg(checkpoint_every=0)

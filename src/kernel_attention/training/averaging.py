@@ -4,7 +4,8 @@
 
 With ``train.keep_last = N`` the trainer keeps, beside ``last.pt``, the weights of its last N periodic
 checkpoints (every ``train.checkpoint_every`` updates, and the final one) as ``RUN/step_<k>.pt``: the
-checkpoint without the optimiser, scaler and random states, which only a resume needs.  Then::
+checkpoint without the optimiser, scaler and random states, which only a resume needs.  A run that starts
+over, or resumes from an earlier ``last.pt``, first deletes the snapshots of later steps.  Then::
 
     kernel-attention average RUN [--last N] [--out RUN/average.pt]
     kernel-attention evaluate RUN/average.pt --split test
@@ -25,7 +26,8 @@ import torch
 
 from kernel_attention.training.checkpoint import save_checkpoint
 
-__all__ = ["SNAPSHOT", "weights_only", "keep_snapshot", "snapshots", "parameter_names", "average_states"]
+__all__ = ["SNAPSHOT", "weights_only", "keep_snapshot", "drop_snapshots_after", "snapshots", "parameter_names",
+           "average_states"]
 
 #: the file name of the snapshot of step k
 SNAPSHOT = "step_{}.pt"
@@ -51,6 +53,14 @@ def keep_snapshot(run_dir: str | Path, state: dict[str, Any], keep: int) -> Path
     for old in snapshots(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def drop_snapshots_after(run_dir: str | Path, step: int) -> None:
+    """Delete the snapshots of steps after ``step``: a run that starts over (step 0) or resumes from an earlier
+    ``last.pt`` writes its own, and another run's must not be averaged with them."""
+    for p in snapshots(run_dir):
+        if int(_SNAPSHOT.match(p.name).group(1)) > step:
+            p.unlink(missing_ok=True)
 
 
 def parameter_names(model: torch.nn.Module) -> list[str]:

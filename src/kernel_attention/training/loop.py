@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 from kernel_attention.training import distributed as D
-from kernel_attention.training.averaging import keep_snapshot
+from kernel_attention.training.averaging import drop_snapshots_after, keep_snapshot
 from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
                                                   set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
@@ -138,6 +138,8 @@ class Trainer:
             self._restore(ck)
         else:  # a run killed before its first checkpoint starts again from step 0: its records go too
             self.metrics.truncate(0)
+        if self.is_main:
+            drop_snapshots_after(self.run_dir, self.step)
         self.model = D.wrap_model(self.raw_model, self.device)
         if config.compile:  # dynamic: token batches vary in length, and one graph serves them all
             self.model = torch.compile(self.model, dynamic=True)
