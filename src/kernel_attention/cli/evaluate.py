@@ -1,6 +1,7 @@
 """``kernel-attention evaluate CHECKPOINT [--split test] [key=value ...]``: metrics of a trained model.
 
-CHECKPOINT is a ``best.pt`` / ``last.pt`` written by ``train`` (or its run directory: best.pt is used).
+CHECKPOINT is a ``best.pt`` / ``last.pt`` written by ``train``, an ``average.pt`` written by ``average`` (or a
+run directory: best.pt is used).
 The task is rebuilt from the config stored in the checkpoint, with the vocabulary / BPE files the run
 directory holds (so the training data is not needed); overrides change the config for this evaluation
 only, e.g. ``eval.beam=5`` or ``eval.mem_len=640 eval.clamp_len=400``, before or after the options.
