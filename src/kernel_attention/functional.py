@@ -128,7 +128,9 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
         if not x.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"q, k, v must share (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        gqa = q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0
+        raise ValueError(f"q, k, v must share (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+                         + ("; pass enable_gqa=True for grouped-query attention" if gqa else ""))
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same feature size D: q {tuple(q.shape)} vs k {tuple(k.shape)}")
     if q.shape[-1] == 0 or v.shape[-1] == 0:
@@ -139,6 +141,19 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if finite:
         check_finite({"q": q, "k": k, "v": v})
+
+
+def expand_kv_heads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Grouped-query attention, as SDPA's ``enable_gqa``: k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) with H_kv
+    dividing q's H heads, repeated to H heads so that query heads g·H/H_kv .. (g+1)·H/H_kv - 1 share key/value
+    head g (``repeat_interleave(H // H_kv, dim=1)``; the gradient sums over each group)."""
+    if k.dim() != 4 or v.dim() != 4 or q.dim() != 4:
+        return k, v  # check_inputs names the tensor of the wrong rank
+    h, hk = q.shape[1], k.shape[1]
+    if hk != v.shape[1] or hk == 0 or h % hk:
+        raise ValueError(f"enable_gqa needs k and v with the same number of heads H_kv, a divisor of q's H: got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    return k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
 
 
 def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
@@ -206,7 +221,7 @@ def check_float_mask(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> Tenso
 def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
               key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
               terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
-              backend="auto"):
+              enable_gqa: bool = False, backend="auto"):
     r"""Kernel-smoother attention (Transformer Dissection, Definition 1).
 
     .. math::  out_i = \sum_{j \in M(i)} \frac{k(q_i, k_j)}{\sum_{j' \in M(i)} k(q_i, k_{j'})} v_j
@@ -227,6 +242,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
             passes); ``bias`` is added to it.
         dropout_p: dropout on the normalised weights.
         need_weights: also return the (B, H, Tq, Tk) weights.
+        enable_gqa: grouped-query attention: k and v may have H_kv heads, a divisor of q's H, each shared by
+            H / H_kv consecutive query heads (as in :func:`torch.nn.functional.scaled_dot_product_attention`).
         backend: ``"auto"`` (default) walks the named backends in order (``sdpa``, ``triton``, ``flex``,
             ``banded``, ``squared``, ``blockwise``, ``linear``, ``dense``) and takes the first that runs the call; a
             name (or a spec such as ``"blockwise:block=4096"``) forces one and raises
@@ -253,7 +270,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         bias = bias.to(dt) if bias is not None else None
         terms = terms.to(dt) if terms is not None else None
     problem = build_problem(q, k, v, kern, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
-                            terms=terms, dropout_p=dropout_p, need_weights=need_weights)
+                            terms=terms, dropout_p=dropout_p, need_weights=need_weights, enable_gqa=enable_gqa)
     from kernel_attention.backends import choose
 
     run = choose(problem, backend, explain=False).backend.run
@@ -275,13 +292,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
 def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
                   key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
                   terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
-                  defer_mask: bool = False):
+                  enable_gqa: bool = False, defer_mask: bool = False):
     """Check the inputs and resolve the kernel, filter and additive terms into a backend
     :class:`~kernel_attention.backends.Problem` (the arguments are those of :func:`attention`).
     ``defer_mask``: a structured filter's (Tq, Tk) mask is formed only when a backend reads ``keep``
     (``explain`` and ``choose_backend``, which describe from the filter's kind and row bounds)."""
     from kernel_attention.backends import Problem
 
+    if enable_gqa:
+        k, v = expand_kv_heads(q, k, v)
     check_inputs(q, k, v)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")

@@ -1,0 +1,55 @@
+"""Grouped-query attention (``enable_gqa``): against PyTorch's fused attention with its own ``enable_gqa``, and
+for kernels and positions SDPA cannot run, against the same call with k and v repeated by hand; gradients
+included."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernel_attention as ka
+
+
+def _qkv(h=8, hkv=2, tq=7, tk=9, d=8, dv=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(2, h, tq, d), (2, hkv, tk, d), (2, hkv, tk, dv)]
+    return [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes]
+
+
+def _grads(out, *xs):
+    w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    return torch.autograd.grad((out * w).sum(), xs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_exp_matches_pytorch_sdpa_with_enable_gqa(causal):
+    q, k, v = _qkv()
+    ours = ka.attention(q, k, v, is_causal=causal, enable_gqa=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True,
+                                         attn_mask=torch.ones(7, 9, dtype=torch.bool).tril(2) if causal else None)
+    torch.testing.assert_close(ours, ref)
+    for a, b in zip(_grads(ours, q, k, v), _grads(ref, q, k, v)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kernel,mask", [("rbf", "causal"), ("poly", None), ("periodic", "local:window=3")])
+def test_any_kernel_equals_the_heads_repeated_by_hand(kernel, mask):
+    q, k, v = _qkv(h=6, hkv=3)
+    ours = ka.attention(q, k, v, kernel=kernel, mask=mask, enable_gqa=True)
+    ref = ka.attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), kernel=kernel, mask=mask)
+    assert ours.shape == (2, 6, 7, 5)
+    torch.testing.assert_close(ours, ref)
+    for a, b in zip(_grads(ours, q, k, v), _grads(ref, q, k, v)):
+        torch.testing.assert_close(a, b)
+
+
+def test_explain_takes_it_and_bad_head_counts_are_named():
+    q, k, v = _qkv()
+    assert ka.explain(q, k, v, enable_gqa=True).name == ka.explain(q, k.repeat_interleave(4, 1),
+                                                                   v.repeat_interleave(4, 1)).name
+    with pytest.raises(ValueError, match="pass enable_gqa=True for grouped-query attention"):
+        ka.attention(q, k, v)
+    q3, k3, v3 = _qkv(h=8, hkv=3)
+    with pytest.raises(ValueError, match="enable_gqa needs k and v with the same number of heads H_kv, a divisor"):
+        ka.attention(q3, k3, v3, enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa needs"):
+        ka.attention(q, k, v[:, :1], enable_gqa=True)
