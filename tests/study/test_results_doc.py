@@ -376,3 +376,34 @@ def test_prose_paragraphs_and_list_items_are_reflowed_tables_code_and_commands_k
     assert _reflow(text).split("\n") == [
         "A paragraph broken where a placeholder was.  A sentence.", "", "- an item going on", "- `a command`",
         "| a | table |", "|---|---|", "", "```", "code", "  kept", "```", "    indented code"]
+
+
+def test_rows_run_to_a_smaller_step_limit_are_named_and_their_stops_read_against_it(tmp_path):
+    """A row whose configuration is its cell's but for a smaller train.max_steps (a cell the runner trains on,
+    study.extend) is no error: the changes list counts it with its limit, and stops reads its steps against
+    that limit; early-stopped rows of that limit too."""
+    import dataclasses
+    root = _one_converged_set(tmp_path, better=1.0)
+    study = get_study("dissection-positions")
+    cells = {c.id: c for c in study.cells(StudyOptions(scale="converged", seeds=3))[0]}
+    path = root / "positions-converged" / "runs.csv"
+    rows = read_csv(path)
+    limit = cells[rows[0]["cell"]].config["train"]["max_steps"]
+    old = limit // 2
+
+    def key(cell_id: str, steps: int) -> str:
+        c = cells[cell_id]
+        return dataclasses.replace(c, config={**c.config, "train": {**c.config["train"], "max_steps": steps}}).key
+    sp = [r for r in rows if r["table"] == "t1-sp"]
+    for i, r in enumerate(rows):  # 3 rows ran to the old limit (one stopped early before it), the others the current
+        r["steps"] = (old, old, old - 1000)[i] if i < 3 else limit
+        r["best_step"] = r["steps"] if i != 2 else r["steps"] - 1500
+        r["config"] = key(r["cell"], old) if i < 3 else cells[r["cell"]].key
+    assert all(r in sp for r in rows[:3])
+    write_csv(path, study, rows)
+    changes = fill("{{ changes positions-converged }}", load_manifest(root)).splitlines()
+    assert changes[-1].startswith(f"- 3 of the {len(rows)} rows ran with train.max_steps = {old}, not the limit above")
+    assert fill("{{ stops positions-converged / t1-sp }}", load_manifest(root)) == (
+        f"1 of {len(sp)} stopped early, after {old - 1000} updates, once 3 validations in a row had not improved; "
+        f"{len(sp) - 1} ran to the step limit ({old}-{limit} updates), {len(sp) - 1} of them with their best validation "
+        f"at the last evaluation")

@@ -373,3 +373,22 @@ def test_compiled_training_matches_eager_and_its_checkpoint_resumes_eager(tmp_pa
     Trainer(ToyTask(dropout=False), _cfg(), tmp_path / "part").fit()
     torch.testing.assert_close(load_checkpoint(tmp_path / "part" / "last.pt")["model"], a, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_a_finished_run_given_more_steps_trains_on_to_the_longer_runs_result(tmp_path):
+    """With a schedule that does not depend on max_steps and the old limit on an evaluation step, a run of
+    6 updates resumed with max_steps=10 is the run of 10 updates: weights, records and best step."""
+    cfg = dict(schedule="inverse_sqrt:warmup=2", eval_every=3)
+    full = Trainer(ToyTask(), _cfg(**cfg), tmp_path / "full").fit()
+    Trainer(ToyTask(), _cfg(max_steps=6, **cfg), tmp_path / "part").fit()
+    assert any(r.get("final") for r in _records(tmp_path / "part"))
+    longer = Trainer(ToyTask(), _cfg(**cfg), tmp_path / "part")
+    assert longer.finished and longer.resumed_from == 6
+    more = longer.fit()
+    assert more["step"] == 10 and more["best"] == full["best"]
+    def records(run):  # planned_steps: the limit the record was written under
+        return [{k: v for k, v in r.items() if k != "planned_steps"} for r in _records(run)]
+    assert records(tmp_path / "part") == records(tmp_path / "full")
+    a = load_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "part" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -17,7 +17,9 @@
                                                          configuration (a list: "- " and a change, or a task's
                                                          settings), read from the study's code: an error if a
                                                          row of the set ran with another configuration than
-                                                         its cell's current one
+                                                         its cell's current one, unless only by a smaller
+                                                         ``train.max_steps`` (a cell the runner trains on,
+                                                         :mod:`.extend`), which the list then names
 
 Ids are those of runs.csv (``t1-sp``, ``vaswani``, ``sp``).  A placeholder of another form, or one naming a
 set, table, row or column there is not, is an error (:class:`PlaceholderError`), so a typo cannot pass as
@@ -26,6 +28,7 @@ text.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from kernel_attention.study.core import StudyOptions
@@ -101,17 +104,39 @@ def _grid(s):
     return s.study.cells(StudyOptions(scale=s.scale, seeds=seeds))
 
 
+def _limits(s) -> dict[str, int | None]:
+    """Each row's ``train.max_steps``, by cell id: its cell's, or for a row whose configuration key differs
+    from its cell's only by another step limit, that limit (tried: the steps of the set's rows).  Rows of
+    another configuration are left out."""
+    cells = {c.id: c for c in _grid(s)[0]}
+    tried = sorted({int(r["steps"]) for r in s.records if r.get("steps") not in (None, "")})
+    out: dict[str, int | None] = {}
+    for r in s.records:
+        c = cells.get(r["cell"])
+        if c is None:
+            continue
+        limit = c.config.get("train", {}).get("max_steps")
+        if r.get("config") and r["config"] != c.key:
+            def with_limit(n: int) -> str:
+                return dataclasses.replace(c, config={**c.config, "train": {**c.config["train"], "max_steps": n}}).key
+            limit = next((n for n in tried if with_limit(n) == r["config"]), "other")
+        if limit != "other":
+            out[r["cell"]] = limit
+    return out
+
+
 def _stops(s, table: str) -> str:
     """How the finished (``ok``) rows of ``table`` stopped, e.g. "all 12 ran to the step limit (3000
     updates), 9 of them with their best validation at the last evaluation"."""
     cfg = {c.id: c.config.get("train", {}) for c in _grid(s)[0]}
-    rows = [r for r in s.records if r["table"] == table and r.get("status") == "ok" and r["cell"] in cfg]
+    limits = _limits(s)
+    rows = [r for r in s.records if r["table"] == table and r.get("status") == "ok" and r["cell"] in limits]
     if not rows:
         raise KeyError(f"table {table} of {s.name} has no finished cell")
-    if any(cfg[r["cell"]].get("max_steps") is None for r in rows):
+    if any(limits[r["cell"]] is None for r in rows):
         raise KeyError(f"the cells of table {table} of {s.name} have no train.max_steps")
-    limit = [r for r in rows if int(r["steps"]) >= int(cfg[r["cell"]]["max_steps"])]
-    early = [r for r in rows if int(r["steps"]) < int(cfg[r["cell"]]["max_steps"])]
+    limit = [r for r in rows if int(r["steps"]) >= int(limits[r["cell"]])]
+    early = [r for r in rows if int(r["steps"]) < int(limits[r["cell"]])]
     if any(cfg[r["cell"]].get("patience") is None for r in early):
         raise KeyError(f"cells of table {table} of {s.name} stopped before train.max_steps without train.patience")
     at_last = sum(1 for r in limit if r.get("best_step") and int(r["best_step"]) == int(r["steps"]))
@@ -119,7 +144,7 @@ def _stops(s, table: str) -> str:
     def span(values) -> str:
         v = sorted(set(values))
         return str(v[0]) if len(v) == 1 else f"{v[0]}-{v[-1]}"
-    ran = (f"ran to the step limit ({span(int(cfg[r['cell']]['max_steps']) for r in limit)} updates), {at_last} "
+    ran = (f"ran to the step limit ({span(int(limits[r['cell']]) for r in limit)} updates), {at_last} "
            f"of them with their best validation at the last evaluation") if limit else ""
     stopped = (f"stopped early, after {span(int(r['steps']) for r in early)} updates, once "
                f"{span(int(cfg[r['cell']]['patience']) for r in early)} validations in a row had not "
@@ -135,11 +160,19 @@ def _changes(s) -> str:
     """The set's scale changes as a list, after checking that its rows ran with the cells' configurations."""
     cells, changes = _grid(s)
     key = {c.id: c.key for c in cells}
-    other = [r["cell"] for r in s.records
-             if r.get("config") and r.get("cell") in key and r["config"] != key[r["cell"]]]
+    limits = _limits(s)
+    other = [r["cell"] for r in s.records if r.get("config") and r.get("cell") in key and r["cell"] not in limits]
     if other:
         raise KeyError(f"{len(other)} row(s) of {s.name} ran with another configuration than the {s.scale} "
                        f"scale's current one (first: {other[0]}); run them again or describe them by hand")
+    current = {c.id: c.config.get("train", {}).get("max_steps") for c in cells}
+    shorter: dict[int, int] = {}
+    for r in s.records:
+        if r.get("cell") in limits and limits[r["cell"]] != current[r["cell"]]:
+            shorter[limits[r["cell"]]] = shorter.get(limits[r["cell"]], 0) + 1
+    changes = list(changes) + [
+        f"{n} of the {len(s.records)} rows ran with train.max_steps = {old}, not the limit above: `kernel-attention "
+        f"study` trains their cells on from there (kernel_attention.study.extend)" for old, n in sorted(shorter.items())]
     items: list[list[str]] = []  # [prefix, setting, ...]: a run of "NMT: key = value" lines becomes one item
     for c in changes:
         m = _SETTING.match(c)

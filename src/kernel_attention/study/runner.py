@@ -22,7 +22,9 @@ continue) nor read into the table; the runner says which cells are stale.  ``rer
 (``--rerun-stale``) moves each stale folder aside, to ``<cell>.stale-<its key>`` beside it, and runs the cell
 with the current configuration.  A record without ``config`` (written before it was recorded) is checked
 against the ``config.yaml`` its run wrote into the cell folder; one without either (a row imported from an
-older runs.csv) is taken as it is.
+older runs.csv) is taken as it is.  A stale cell whose configuration differs only by a larger
+``train.max_steps`` is not stale for long: it trains on from its ``last.pt`` to the new limit, or keeps its
+result where early stopping had ended it first (:mod:`.extend`).
 
 The same cell run again on the same code and machine gives the same numbers; on another CPU it may not.
 So a cell whose configuration equals that of a finished cell of the study (a twin, :mod:`.twins`), or of a
@@ -59,6 +61,7 @@ from kernel_attention.atomic_write import write_text
 from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
+from kernel_attention.study.extend import extension, rekey
 from kernel_attention.study.revision import code_revision
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
 from kernel_attention.training.run_log import read_metrics
@@ -77,6 +80,16 @@ def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(float(x))
+
+
+def _end_of_run(rows: list[dict]) -> dict[str, Any]:
+    """``final`` and ``best_test`` of a finished run, as its ``metrics.jsonl`` records them (the last valid
+    evaluation, the final test one, and the best checkpoint's test one)."""
+    valid = [r for r in rows if r.get("split") == "valid"]
+    test = [r for r in rows if r.get("split") == "test" and r.get("final")]
+    best = [r for r in rows if r.get("split") == "test" and r.get("checkpoint") == "best"]
+    return {"final": {**({"valid": valid[-1]} if valid else {}), **({"test": test[-1]} if test else {})},
+            "best_test": best[-1] if best else None}
 
 
 def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float | None = None,
@@ -119,6 +132,8 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
     rec["command"] = command
     rec["revision"] = code_revision()
     rows = read_metrics(run_dir)
+    if summary and not summary.get("final"):  # finished before this invocation: its end-of-run records
+        summary = {**summary, **_end_of_run(rows)}
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
     final = summary.get("final") or {}
@@ -322,7 +337,30 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
             moved = _move_aside(dir_of(c), key)
             if moved is not None:
                 log(f"[{study.name}] {c.id}: ran with another configuration ({key}); moved to {moved.name}")
-    todo = [c for c in cells if not _finished(dir_of(c) / "result.json", retry_errors) and not carry(c)]
+    def extended(c: Cell) -> str | None:  # a stale record that a larger train.max_steps continues (.extend)
+        p = dir_of(c) / "result.json"
+        if not p.is_file():
+            return None
+        rec = json.loads(p.read_text())
+        return extension(c, p.parent, rec) if is_stale(rec, p.parent, c) else None
+
+    def pending(c: Cell) -> bool:
+        return not _finished(dir_of(c) / "result.json", retry_errors) or extended(c) == "train"
+
+    def recarry() -> None:  # stale carried records whose twin has trained on to the current configuration
+        for c in cells:
+            rec = dir_of(c) / "result.json"
+            if rec.is_file() and "same_config_as" in json.loads(rec.read_text()) and _stale_cells([c], dir_of):
+                carry(c)
+
+    if run:
+        for c in cells:
+            if extended(c) == "rekey":
+                write_text(dir_of(c) / "result.json", json.dumps(rekey(c, dir_of(c)), indent=1, default=str))
+                log(f"[{study.name}] {c.id}: its run ends where the larger train.max_steps would end it (early "
+                    f"stopping): its result stands")
+        recarry()
+    todo = [c for c in cells if pending(c) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
     stale = [c.id for c, _ in _stale_cells(cells, dir_of)]
@@ -338,7 +376,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         d = dir_of(c)
         with cell_lock(d) as held:
             # another process may be running the cell, or have finished it (or a twin) since the list was made
-            if not held or _finished(d / "result.json", retry_errors):
+            if not held or not pending(c):
                 log(f"[{study.name}] {c.id}: " + ("running in another process, skipped" if not held else
                                                   "finished by another process"))
                 continue
@@ -349,6 +387,9 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
                 log(f"[{study.name}] {c.id}: its twin {busy} (the same configuration) is running in another "
                     f"process, skipped; a later invocation carries its result over")
                 continue
+            if extended(c) == "train":
+                log(f"[{study.name}] {c.id}: train.max_steps is larger than the run's: it trains on from its "
+                    f"last.pt")
             metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")
             t0 = time.time()
             rec = run_cell(c, d, metric, checkpoint_minutes=checkpoint_minutes, command=command)
@@ -360,4 +401,5 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         log(f"[{study.name}] {done}/{n} cells done | {c.id}: {rec['status']} valid={rec['valid']} "
             f"test={rec['test']} ({format_duration(spent[-1])}) | elapsed {format_duration(time.time() - start)}, "
             f"about {format_duration(eta)} left")
+    recarry()
     return cells, read_results(out, study, cells), shrink

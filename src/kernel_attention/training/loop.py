@@ -39,7 +39,9 @@ the seconds the run has trained, counted on across resumes: a checkpoint keeps t
 Exact resume: with ``resume=True`` and a ``last.pt`` in ``run_dir``, the trainer restores weights,
 optimiser, scaler, every RNG (per rank), the step, the epoch and the micro-batch position inside it,
 drops ``metrics.jsonl`` lines written after that checkpoint, and continues; the result is identical to an
-uninterrupted run.  ``stop_after`` (or env ``KA_STOP_AFTER``) ends :meth:`Trainer.fit` right after that
+uninterrupted run.  A finished run resumed with a larger ``max_steps`` trains on from its end, its end-of-run
+records dropped: the longer run, where the schedule does not depend on ``max_steps`` and the old limit was
+an evaluation step.  ``stop_after`` (or env ``KA_STOP_AFTER``) ends :meth:`Trainer.fit` right after that
 many updates *without* writing anything more, which is how tests simulate a kill.
 
 ``compile=True`` trains through ``torch.compile(model, dynamic=True)`` (after the DDP wrapper); ``task.loss``
@@ -311,6 +313,9 @@ class Trainer:
         summary: dict[str, Any] = {"final": {}, "best_test": None, "interrupted": False}
         if self.finished and self._done():
             return self._summary(summary)
+        if self.finished:  # a finished run given more updates (a larger max_steps) trains on from its end
+            self.finished = False
+            self.metrics.truncate(self.step, finals=False)
         stop_after = c.stop_after if c.stop_after is not None else (
             int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
         self.metrics.open()

@@ -52,12 +52,15 @@ class RunLog:
         self.main, self.tensorboard = main, tensorboard
         self._writer = None
 
-    def truncate(self, step: int) -> None:
+    def truncate(self, step: int, finals: bool = True) -> None:
         """Keep the records of steps up to ``step`` (those of the checkpoint a run resumes from); drop the
-        later ones, which a killed run wrote and the resumed run writes again, and any line cut short."""
+        later ones, which a killed run wrote and the resumed run writes again, and any line cut short.
+        ``finals=False`` also drops the end-of-run records (``final``, the best checkpoint's test) of a
+        finished run that trains on."""
         if not (self.main and self.path.is_file()):
             return
-        keep = [line for line, r in _lines(self.path) if r["step"] <= step]
+        keep = [line for line, r in _lines(self.path) if r["step"] <= step
+                and (finals or not (r.get("final") or r.get("checkpoint") == "best"))]
         write_text(self.path, "".join(line + "\n" for line in keep))
 
     def open(self) -> None:
