@@ -65,7 +65,7 @@ CONVERGED_NMT = {
     "task": {"max_tokens": 4096, "bpe_vocab_size": 8000, "joint_bpe": True, "max_len": 100},
     "model": {"d_model": 128, "n_heads": 4, "d_ff": 512, "enc_layers": 2, "dec_layers": 2, "dropout": 0.2,
               "share_embeddings": True},
-    "train": {"max_steps": 3000, "lr": 2e-3, "eval_every": 500, "patience": 3, "checkpoint_every": 250,
+    "train": {"max_steps": 6000, "lr": 2e-3, "eval_every": 500, "patience": 3, "checkpoint_every": 250,
               "precision": "bf16", "schedule": {"name": "inverse_sqrt", "warmup": 500, "warmup_init_lr": 1e-7}},
     "eval": {"beam": 1, "bleu": "sacrebleu", "max_sentences": None, "batch_size": 200},
 }
