@@ -46,6 +46,8 @@ def test_a_larger_step_limit_trains_finished_cells_on_to_the_longer_runs_result(
     assert any("a__exp__x__s0: train.max_steps is larger than the run's: it trains on from its last.pt" in m
                for m in logs)
     assert any("a__still__x__s0" in m and "its result stands" in m for m in logs)
+    stale = [m for m in logs if "ran with another configuration" in m]  # the twin's carried record, until the end
+    assert len(stale) == 1 and "1 finished cell(s)" in stale[0] and "b__exp__x__s0" in stale[0]
     after = _records(tmp_path / "out", _study(4))
     fresh_out = tmp_path / "fresh"
     run_study(_study(4), opts, fresh_out, log=lambda m: None)

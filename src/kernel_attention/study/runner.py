@@ -363,7 +363,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     todo = [c for c in cells if pending(c) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
-    stale = [c.id for c, _ in _stale_cells(cells, dir_of)]
+    stale = [c.id for c, _ in _stale_cells(cells, dir_of) if extended(c) is None]
     if stale:
         log(f"study {study.name}: {len(stale)} finished cell(s) ran with another configuration than the current "
             f"one ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): left out of the table and not run "
