@@ -53,3 +53,35 @@ def test_explain_takes_it_and_bad_head_counts_are_named():
         ka.attention(q3, k3, v3, enable_gqa=True)
     with pytest.raises(ValueError, match="enable_gqa needs"):
         ka.attention(q, k, v[:, :1], enable_gqa=True)
+
+
+def _repeated(state: dict, name: str, groups: int, d_head: int) -> torch.Tensor:
+    """A grouped projection's weight or bias with each key/value head's rows repeated ``groups`` times."""
+    w = state[name]
+    return w.reshape(-1, d_head, *w.shape[1:]).repeat_interleave(groups, dim=0).reshape(-1, *w.shape[1:])
+
+
+@pytest.mark.parametrize("position,filt", [("xl", "causal"), ("shaw", "full"), ("product", "local:window=3")])
+def test_the_module_with_kv_heads_equals_full_heads_with_the_weights_repeated(position, filt):
+    torch.manual_seed(0)
+    grouped = ka.KernelAttention(16, 4, kv_heads=2, kernel="rbf", position=position, filter=filt).double()
+    full = ka.KernelAttention(16, 4, kernel="rbf", position=position, filter=filt).double()
+    state = grouped.state_dict()
+    for name in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"):
+        state[name] = _repeated(state, name, 2, 4)
+    full.load_state_dict(state)
+    assert sum(p.numel() for p in grouped.parameters()) == sum(p.numel() for p in full.parameters()) - 2 * 2 * 4 * 17
+    x1 = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    y1, y2 = grouped(x1), full(x2)
+    torch.testing.assert_close(y1, y2)
+    torch.testing.assert_close(*(_grads(y, x)[0] for y, x in ((y1, x1), (y2, x2))))
+
+
+def test_kv_heads_must_divide_the_heads_and_cannot_be_symmetric():
+    with pytest.raises(ka.SpecError, match="kv_heads must be a divisor of n_heads=4"):
+        ka.KernelAttention(16, 4, kv_heads=3)
+    with pytest.raises(ka.SpecError, match="symmetric=True shares W_q and W_k"):
+        ka.KernelAttention(16, 4, kv_heads=2, symmetric=True)
+    block = ka.TransformerBlock(16, 4, 32, attention=dict(kernel="exp", kv_heads=1))  # one key/value head (MQA)
+    assert block.self_attn.k_proj.out_features == 4 and block(torch.randn(1, 5, 16)).shape == (1, 5, 16)

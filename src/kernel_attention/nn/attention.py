@@ -57,6 +57,8 @@ class KernelAttention(nn.Module):
         dropout: dropout on the attention weights.
         bias: biases in the four projections (fairseq: True; Transformer-XL: False).
         kdim: width of the key/value input when it differs from d_model (encoder-decoder).
+        kv_heads: key/value heads H_kv, a divisor of H (grouped-query attention: each is shared by H / H_kv
+            consecutive query heads, as ``enable_gqa`` of :func:`kernel_attention.attention`); default H.
         backend: ``"auto"`` or a backend name (``"sdpa"``, ``"triton"``, ``"flex"``, ``"banded"``,
             ``"squared"``, ``"blockwise"``, ``"linear"``, ``"dense"``); see :func:`kernel_attention.explain`.
     """
@@ -64,8 +66,14 @@ class KernelAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, d_head: int | None = None, kernel="exp",
                  symmetric: bool = False, position="none", value_position="none", filter="full",
                  axes: int = 1, dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
-                 backend="auto"):
+                 kv_heads: int | None = None, backend="auto"):
         super().__init__()
+        kv_heads = n_heads if kv_heads is None else kv_heads
+        if not (isinstance(kv_heads, int) and kv_heads >= 1 and n_heads % kv_heads == 0):
+            raise SpecError(f"kv_heads must be a divisor of n_heads={n_heads} (grouped-query attention), "
+                            f"got {kv_heads!r}")
+        if symmetric and kv_heads != n_heads:
+            raise SpecError("symmetric=True shares W_q and W_k, so keys have n_heads heads: leave kv_heads out")
         if d_head is None:
             if d_model % n_heads:
                 raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_head")
@@ -95,15 +103,19 @@ class KernelAttention(nn.Module):
                                    else make_encoding("sinusoidal", kdim, axes))
         self.symmetric = symmetric
         self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.k_proj = self.q_proj if symmetric else nn.Linear(kdim, n_heads * d_head, bias=bias)
-        self.v_proj = nn.Linear(kdim, n_heads * d_head, bias=bias)
+        self.kv_heads = kv_heads
+        self.k_proj = self.q_proj if symmetric else nn.Linear(kdim, kv_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(kdim, kv_heads * d_head, bias=bias)
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         self.dropout = dropout
         self.backend = backend
 
     def _heads(self, x: Tensor) -> Tensor:
+        """(B, T, h·d) -> (B, H, T, d); key/value heads (h = H_kv) repeated for their H / H_kv query heads."""
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+        h = x.shape[-1] // self.d_head
+        x = x.view(b, t, h, self.d_head).transpose(1, 2)
+        return x.repeat_interleave(self.n_heads // h, dim=1) if h != self.n_heads else x
 
     def project(self, query: Tensor, key: Tensor, pos_q: Tensor, pos_k: Tensor, offset: int | None = None):
         """Per-head q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, d) and the positional terms (``offset``:
