@@ -8,6 +8,7 @@ import json
 from kernel_attention.study import StudyOptions
 from kernel_attention.study.core import Cell, Study, TableSpec
 from kernel_attention.study.runner import cell_dir, run_study
+from kernel_attention.study.states import cell_states
 from kernel_attention.study.smoke import _config
 
 
@@ -41,6 +42,11 @@ def test_a_larger_step_limit_trains_finished_cells_on_to_the_longer_runs_result(
     assert before["a__exp__x__s0"]["steps"] == 2 and before["a__still__x__s0"]["steps"] == 2
     assert before["b__exp__x__s0"]["same_config_as"] == "a__exp__x__s0"
 
+    states = {s.cell.id: s for s in cell_states(_study(4), opts, tmp_path / "out")}
+    assert states["a__exp__x__s0"].state == "started"
+    assert states["a__exp__x__s0"].detail.endswith("trains on from last.pt to train.max_steps = 4")
+    assert states["a__still__x__s0"].state == "finished" and "re-keyed on the next run" in states["a__still__x__s0"].detail
+    assert states["b__exp__x__s0"].state == "stale"  # carried: it takes its twin's record once that has trained on
     logs = []
     _, results, _ = run_study(_study(4), opts, tmp_path / "out", log=logs.append)
     assert any("a__exp__x__s0: train.max_steps is larger than the run's: it trains on from its last.pt" in m

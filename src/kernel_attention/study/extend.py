@@ -12,12 +12,15 @@ longer run evaluates nothing).  Such a cell, its ``last.pt`` kept, is
   stops at the same step, so its record stands under the grid's configuration, re-keyed;
 * ``"train"``: trained on from its ``last.pt`` to the new limit, or until early stopping ends it.
 
-A cell whose folder's ``config.yaml`` already names the grid's configuration while its record names another
-is one whose continuation began and was stopped: it trains on too.
+The record must be of the run the folder's ``config.yaml`` describes (its key is that configuration's, the
+cell's tags included), or of that configuration at the record's step count: a cell whose ``config.yaml``
+already names the grid's configuration while its record has the shorter limit is one whose continuation
+began and was stopped, and it trains on too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,6 +39,13 @@ def _same_rates(train: dict, old: int, new: int) -> bool:
     return all(a(s) == b(s) for s in range(old))
 
 
+def _key(cell: Cell, config: dict, max_steps: int | None = None) -> str:
+    """The configuration key of ``cell`` with ``config`` (and ``train.max_steps`` replaced, if given)."""
+    if max_steps is not None:
+        config = {**config, "train": {**(config.get("train") or {}), "max_steps": max_steps}}
+    return dataclasses.replace(cell, config=config).key
+
+
 def extension(cell: Cell, d: Path, rec: dict) -> str | None:
     """``"rekey"``, ``"train"`` or None (the module docstring) for the finished, stale cell folder ``d`` whose
     record is ``rec``."""
@@ -46,6 +56,8 @@ def extension(cell: Cell, d: Path, rec: dict) -> str | None:
     if not ((d / "config.yaml").is_file() and (d / "last.pt").is_file()):
         return None
     ran = load_config(d / "config.yaml")
+    if rec.get("config") not in (_key(cell, ran), _key(cell, ran, rec.get("steps"))):
+        return None  # the record is not of the run this folder's config.yaml describes (nor of its shorter limit)
     changes = changed_keys(ran, cell.config)
     if any(key != "train.max_steps" for key, _, _ in changes):
         return None

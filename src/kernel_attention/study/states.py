@@ -8,7 +8,8 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
 - ``finished``: ``result.json`` with the current configuration; ``status`` ("ok", "diverged", "error"), the
   test score, and the twin it was carried from (``same_config_as``, :mod:`.twins`) if any;
 - ``stale``: finished with another configuration (:mod:`.runner`): left out of the table, ``--rerun-stale``
-  runs it;
+  runs it; one that a larger ``train.max_steps`` continues (:mod:`.extend`) is ``running`` or ``started``
+  instead (it trains on from its ``last.pt``), or ``finished`` (early stopping had ended it: it is re-keyed);
 - ``running``: another process holds the cell's lock; ``detail`` gives its last logged step of the planned
   steps, its training time and, at its pace so far (validation included), about how long it has left;
 - ``started``: a run began and did not finish; ``detail`` gives the same for its last logged step (a
@@ -27,6 +28,7 @@ import json
 from pathlib import Path
 
 from kernel_attention.study.core import STUDIES, Cell, Study, StudyOptions
+from kernel_attention.study.extend import extension
 from kernel_attention.study.runner import cell_dir, format_duration, is_stale, running_elsewhere, select_cells
 from kernel_attention.training.run_log import read_metrics
 
@@ -46,10 +48,21 @@ def _state(c: Cell, d: Path) -> CellState:
     res = d / "result.json"
     if res.is_file():
         rec = json.loads(res.read_text())
-        if is_stale(rec, d, c):  # a legacy record gets its key from the folder's config.yaml here
+        stale = is_stale(rec, d, c)  # a legacy record gets its key from the folder's config.yaml here
+        how = extension(c, d, rec) if stale else None
+        if how == "train":
+            rows = read_metrics(d)
+            where = _how_far(rows) if rows else "no log"
+            limit = f"train.max_steps = {c.config['train']['max_steps']}"
+            if running_elsewhere(d):
+                return CellState(c, "running", f"{where}; trains on to {limit}")
+            return CellState(c, "started", f"{where}; trains on from last.pt to {limit}")
+        if stale and how is None:
             return CellState(c, "stale", f"ran with configuration {rec['config']}, the grid's is {c.key}")
         test = rec.get("test")
         detail = f"{rec.get('status')}, test {test:.6g}" if isinstance(test, (int, float)) else f"{rec.get('status')}"
+        if how == "rekey":
+            detail += ", early stopping ended it before the larger train.max_steps (re-keyed on the next run)"
         if rec.get("same_config_as"):
             detail += f", carried from {rec['same_config_as']}"
         elif rec.get("error"):
