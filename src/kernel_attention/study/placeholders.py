@@ -115,12 +115,14 @@ def _limits(s) -> dict[str, int | None]:
         c = cells.get(r["cell"])
         if c is None:
             continue
-        limit = c.config.get("train", {}).get("max_steps")
-        if r.get("config") and r["config"] != c.key:
-            def with_limit(n: int) -> str:
-                return dataclasses.replace(c, config={**c.config, "train": {**c.config["train"], "max_steps": n}}).key
-            limit = next((n for n in tried if with_limit(n) == r["config"]), "other")
-        if limit != "other":
+        if not r.get("config") or r["config"] == c.key:
+            out[r["cell"]] = c.config.get("train", {}).get("max_steps")
+            continue
+
+        def with_limit(n: int) -> str:
+            return dataclasses.replace(c, config={**c.config, "train": {**c.config["train"], "max_steps": n}}).key
+        limit = next((n for n in tried if with_limit(n) == r["config"]), None)
+        if limit is not None:
             out[r["cell"]] = limit
     return out
 
