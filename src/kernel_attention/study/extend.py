@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kernel_attention.study.core import Cell
 
-__all__ = ["extension", "rekey"]
+__all__ = ["extension", "rekey", "key_at_limit"]
 
 
 def _same_rates(train: dict, old: int, new: int) -> bool:
@@ -39,7 +39,7 @@ def _same_rates(train: dict, old: int, new: int) -> bool:
     return all(a(s) == b(s) for s in range(old))
 
 
-def _key(cell: Cell, config: dict, max_steps: int | None = None) -> str:
+def key_at_limit(cell: Cell, config: dict, max_steps: int | None = None) -> str:
     """The configuration key of ``cell`` with ``config`` (and ``train.max_steps`` replaced, if given)."""
     if max_steps is not None:
         config = {**config, "train": {**(config.get("train") or {}), "max_steps": max_steps}}
@@ -56,7 +56,7 @@ def extension(cell: Cell, d: Path, rec: dict) -> str | None:
     if not ((d / "config.yaml").is_file() and (d / "last.pt").is_file()):
         return None
     ran = load_config(d / "config.yaml")
-    if rec.get("config") not in (_key(cell, ran), _key(cell, ran, rec.get("steps"))):
+    if rec.get("config") not in (key_at_limit(cell, ran), key_at_limit(cell, ran, rec.get("steps"))):
         return None  # the record is not of the run this folder's config.yaml describes (nor of its shorter limit)
     changes = changed_keys(ran, cell.config)
     if any(key != "train.max_steps" for key, _, _ in changes):

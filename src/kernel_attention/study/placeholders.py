@@ -28,10 +28,10 @@ text.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from kernel_attention.study.core import StudyOptions
+from kernel_attention.study.extend import key_at_limit
 from kernel_attention.study.resultset import Manifest
 
 __all__ = ["fill", "PlaceholderError", "PLACEHOLDER"]
@@ -118,10 +118,7 @@ def _limits(s) -> dict[str, int | None]:
         if not r.get("config") or r["config"] == c.key:
             out[r["cell"]] = c.config.get("train", {}).get("max_steps")
             continue
-
-        def with_limit(n: int) -> str:
-            return dataclasses.replace(c, config={**c.config, "train": {**c.config["train"], "max_steps": n}}).key
-        limit = next((n for n in tried if with_limit(n) == r["config"]), None)
+        limit = next((n for n in tried if key_at_limit(c, c.config, n) == r["config"]), None)
         if limit is not None:
             out[r["cell"]] = limit
     return out
