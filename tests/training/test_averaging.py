@@ -106,6 +106,13 @@ def test_the_average_command_writes_a_checkpoint_that_evaluates(tmp_path, capsys
     assert main(["average", str(run), "--last", "2", "--out", str(tmp_path / "two.pt")]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == [6, 8]
 
+    wider = tmp_path / "wider"  # a checkpoint of another model is named, not averaged in
+    assert main(["train", str(cfg), "--run-dir", str(wider), "--threads", "1", "model.d_model=8",
+                 "train.max_steps=2"]) == 0
+    capsys.readouterr()
+    assert main(["average", str(run / "step_8.pt"), str(wider / "step_2.pt")]) == 2
+    assert "was written by a different model" in capsys.readouterr().err
+
 
 def test_the_average_command_names_what_is_wrong(tmp_path, capsys):
     empty = tmp_path / "empty"
