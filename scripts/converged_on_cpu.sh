@@ -10,7 +10,8 @@
 #
 # Each process walks the same queue; the runner's cell locks keep two processes off one cell, finished cells
 # are skipped and unfinished ones resume from their last.pt, so the script can be stopped (kill its process
-# group) and started again at any time.  Cells whose configuration equals one finished in another study under
+# group) and started again at any time; a cell finished under a smaller train.max_steps trains on from its
+# last.pt (study/extend.py).  Cells whose configuration equals one finished in another study under
 # the same OUT (TD Table 1 shares cells with Tables 3 and 4, see study/twins.py) are carried over, not trained
 # again.  Each study is collected (runs.csv, table.md, figures) after its cells; copy OUT/<study>-converged/
 # runs.csv and figures to docs/results/<study>-converged/ to publish them (kernel-attention study report);
