@@ -62,7 +62,8 @@ def test_a_larger_step_limit_trains_finished_cells_on_to_the_longer_runs_result(
     for cid in after:
         assert {k: after[cid][k] for k in keys} == {k: fresh[cid][k] for k in keys}, cid
     assert after["a__exp__x__s0"]["steps"] == 4 and after["a__still__x__s0"]["steps"] == 2
-    assert after["a__still__x__s0"]["revision"] == before["a__still__x__s0"]["revision"]  # the record stands
+    still = after["a__still__x__s0"]
+    assert still == {**before["a__still__x__s0"], "config": still["config"]}  # the record stands, re-keyed
     assert after["b__exp__x__s0"]["same_config_as"] == "a__exp__x__s0"
     assert len(results) == 3
 
