@@ -41,3 +41,19 @@ def test_tensorboard_when_asked(tmp_path):
     assert read_metrics(tmp_path) == [{"step": 1, "split": "valid", "loss": 0.5}]
     if importlib.util.find_spec("tensorboard") is not None:
         assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_end_of_run_reads_what_fit_returned_from_the_records(tmp_path):
+    """A finished run's summary, read back from metrics.jsonl (a cell whose record must be rebuilt later)."""
+    from _toy_task import ToyTask
+    from kernel_attention.training import TrainConfig, Trainer
+    from kernel_attention.training.run_log import end_of_run
+
+    cfg = TrainConfig(seed=1, max_steps=7, lr=3e-2, eval_every=3, progress=False)
+    summary = Trainer(ToyTask(), cfg, tmp_path).fit()
+    ended = end_of_run(read_metrics(tmp_path))
+    assert ended["final"]["valid"]["step"] == ended["final"]["test"]["step"] == 7
+    for split in ("valid", "test"):
+        assert ended["final"][split]["loss"] == pytest.approx(summary["final"][split]["loss"])
+    assert ended["best_test"]["loss"] == pytest.approx(summary["best_test"]["loss"])
+    assert end_of_run([]) == {"final": {}, "best_test": None}

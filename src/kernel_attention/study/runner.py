@@ -64,7 +64,7 @@ from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.study.extend import extension, rekey
 from kernel_attention.study.revision import code_revision
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
-from kernel_attention.training.run_log import read_metrics
+from kernel_attention.training.run_log import end_of_run, read_metrics
 from kernel_attention.training.progress_line import format_duration
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
@@ -80,16 +80,6 @@ def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(float(x))
-
-
-def _end_of_run(rows: list[dict]) -> dict[str, Any]:
-    """``final`` and ``best_test`` of a finished run, as its ``metrics.jsonl`` records them (the last valid
-    evaluation, the final test one, and the best checkpoint's test one)."""
-    valid = [r for r in rows if r.get("split") == "valid"]
-    test = [r for r in rows if r.get("split") == "test" and r.get("final")]
-    best = [r for r in rows if r.get("split") == "test" and r.get("checkpoint") == "best"]
-    return {"final": {**({"valid": valid[-1]} if valid else {}), **({"test": test[-1]} if test else {})},
-            "best_test": best[-1] if best else None}
 
 
 def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float | None = None,
@@ -133,7 +123,7 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
     rec["revision"] = code_revision()
     rows = read_metrics(run_dir)
     if summary and not summary.get("final"):  # finished before this invocation: its end-of-run records
-        summary = {**summary, **_end_of_run(rows)}
+        summary = {**summary, **end_of_run(rows)}
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
     final = summary.get("final") or {}

@@ -19,7 +19,7 @@ from typing import Any
 
 from kernel_attention.atomic_write import write_text
 
-__all__ = ["RunLog", "read_metrics", "METRICS_FILE"]
+__all__ = ["RunLog", "read_metrics", "end_of_run", "METRICS_FILE"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -40,6 +40,17 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     killed run is skipped."""
     path = Path(run_dir) / METRICS_FILE
     return [r for _, r in _lines(path)] if path.is_file() else []
+
+
+def end_of_run(rows: list[dict]) -> dict[str, Any]:
+    """``final`` ({split: metrics}) and ``best_test`` of a finished run, as :func:`read_metrics` gives its
+    records: the last valid evaluation, the final test one, and the best checkpoint's test one (the shape of
+    the summary :meth:`Trainer.fit <kernel_attention.training.loop.Trainer.fit>` returns)."""
+    valid = [r for r in rows if r.get("split") == "valid"]
+    test = [r for r in rows if r.get("split") == "test" and r.get("final")]
+    best = [r for r in rows if r.get("split") == "test" and r.get("checkpoint") == "best"]
+    return {"final": {**({"valid": valid[-1]} if valid else {}), **({"test": test[-1]} if test else {})},
+            "best_test": best[-1] if best else None}
 
 
 class RunLog:
