@@ -104,11 +104,11 @@ def _grid(s):
     return s.study.cells(StudyOptions(scale=s.scale, seeds=seeds))
 
 
-def _limits(s) -> dict[str, int | None]:
+def _limits(s, grid: list) -> dict[str, int | None]:
     """Each row's ``train.max_steps``, by cell id: its cell's, or for a row whose configuration key differs
     from its cell's only by another step limit, that limit (tried: the steps of the set's rows).  Rows of
-    another configuration are left out."""
-    cells = {c.id: c for c in _grid(s)[0]}
+    another configuration are left out.  ``grid``: the set's cells (:func:`_grid`)."""
+    cells = {c.id: c for c in grid}
     tried = sorted({int(r["steps"]) for r in s.records if r.get("steps") not in (None, "")})
     out: dict[str, int | None] = {}
     for r in s.records:
@@ -127,8 +127,9 @@ def _limits(s) -> dict[str, int | None]:
 def _stops(s, table: str) -> str:
     """How the finished (``ok``) rows of ``table`` stopped, e.g. "all 12 ran to the step limit (3000
     updates), 9 of them with their best validation at the last evaluation"."""
-    cfg = {c.id: c.config.get("train", {}) for c in _grid(s)[0]}
-    limits = _limits(s)
+    grid = _grid(s)[0]
+    cfg = {c.id: c.config.get("train", {}) for c in grid}
+    limits = _limits(s, grid)
     rows = [r for r in s.records if r["table"] == table and r.get("status") == "ok" and r["cell"] in limits]
     if not rows:
         raise KeyError(f"table {table} of {s.name} has no finished cell")
@@ -159,7 +160,7 @@ def _changes(s) -> str:
     """The set's scale changes as a list, after checking that its rows ran with the cells' configurations."""
     cells, changes = _grid(s)
     key = {c.id: c.key for c in cells}
-    limits = _limits(s)
+    limits = _limits(s, cells)
     other = [r["cell"] for r in s.records if r.get("config") and r.get("cell") in key and r["cell"] not in limits]
     if other:
         raise KeyError(f"{len(other)} row(s) of {s.name} ran with another configuration than the {s.scale} "

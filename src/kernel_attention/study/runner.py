@@ -327,6 +327,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
             moved = _move_aside(dir_of(c), key)
             if moved is not None:
                 log(f"[{study.name}] {c.id}: ran with another configuration ({key}); moved to {moved.name}")
+
     def extended(c: Cell) -> str | None:  # a stale record that a larger train.max_steps continues (.extend)
         p = dir_of(c) / "result.json"
         if not p.is_file():
@@ -334,8 +335,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         rec = json.loads(p.read_text())
         return extension(c, p.parent, rec) if is_stale(rec, p.parent, c) else None
 
-    def pending(c: Cell) -> bool:
-        return not _finished(dir_of(c) / "result.json", retry_errors) or extended(c) == "train"
+    def pending(c: Cell, how: str | None) -> bool:  # ``how``: extended(c), which reads the cell's last.pt
+        return not _finished(dir_of(c) / "result.json", retry_errors) or how == "train"
 
     def recarry() -> None:  # stale carried records whose twin has trained on to the current configuration
         for c in cells:
@@ -350,10 +351,11 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
                 log(f"[{study.name}] {c.id}: its run ends where the larger train.max_steps would end it (early "
                     f"stopping): its result stands")
         recarry()
-    todo = [c for c in cells if pending(c) and not carry(c)]
+    how = {c.id: extended(c) for c in cells}
+    todo = [c for c in cells if pending(c, how[c.id]) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
-    stale = [c.id for c, _ in _stale_cells(cells, dir_of) if extended(c) is None]
+    stale = [c.id for c, _ in _stale_cells(cells, dir_of) if how[c.id] is None]
     if stale:
         log(f"study {study.name}: {len(stale)} finished cell(s) ran with another configuration than the current "
             f"one ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): left out of the table and not run "
@@ -366,7 +368,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         d = dir_of(c)
         with cell_lock(d) as held:
             # another process may be running the cell, or have finished it (or a twin) since the list was made
-            if not held or not pending(c):
+            now = extended(c)  # another process may have trained it on since the list was made
+            if not held or not pending(c, now):
                 log(f"[{study.name}] {c.id}: " + ("running in another process, skipped" if not held else
                                                   "finished by another process"))
                 continue
@@ -377,7 +380,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
                 log(f"[{study.name}] {c.id}: its twin {busy} (the same configuration) is running in another "
                     f"process, skipped; a later invocation carries its result over")
                 continue
-            if extended(c) == "train":
+            if now == "train":
                 log(f"[{study.name}] {c.id}: train.max_steps is larger than the run's: it trains on from its "
                     f"last.pt")
             metric = table_of[c.table].metric if c.table in table_of else c.tags.get("metric", "loss")

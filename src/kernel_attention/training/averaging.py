@@ -41,10 +41,14 @@ def weights_only(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if k not in _RESUME_ONLY}
 
 
+def _stepped(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """``(k, path)`` of the ``step_<k>.pt`` files of ``run_dir``, oldest step first."""
+    return sorted((int(m.group(1)), p) for p in Path(run_dir).glob("step_*.pt") if (m := _SNAPSHOT.match(p.name)))
+
+
 def snapshots(run_dir: str | Path) -> list[Path]:
     """The ``step_<k>.pt`` files of ``run_dir``, oldest step first."""
-    found = [(int(m.group(1)), p) for p in Path(run_dir).glob("step_*.pt") if (m := _SNAPSHOT.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in _stepped(run_dir)]
 
 
 def keep_snapshot(run_dir: str | Path, state: dict[str, Any], keep: int) -> Path:
@@ -58,8 +62,8 @@ def keep_snapshot(run_dir: str | Path, state: dict[str, Any], keep: int) -> Path
 def drop_snapshots_after(run_dir: str | Path, step: int) -> None:
     """Delete the snapshots of steps after ``step``: a run that starts over (step 0) or resumes from an earlier
     ``last.pt`` writes its own, and another run's must not be averaged with them."""
-    for p in snapshots(run_dir):
-        if int(_SNAPSHOT.match(p.name).group(1)) > step:
+    for k, p in _stepped(run_dir):
+        if k > step:
             p.unlink(missing_ok=True)
 
 
