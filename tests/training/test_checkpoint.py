@@ -67,7 +67,8 @@ def test_cuda_generator_states_are_restored_per_device_from_cpu_tensors(monkeypa
     (bytes(range(256)) * 4, "is damaged or not a PyTorch file"),
     ("half", "is damaged \\(truncated or overwritten\\?\\)"),
 ])
-def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, content, message):
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, content, message, mmap):
     from kernel_attention.training.checkpoint import CheckpointError
 
     path = save_checkpoint(tmp_path / "last.pt", {"model": {"w": torch.zeros(64)}, "step": 1})
@@ -75,7 +76,7 @@ def test_a_damaged_file_is_a_checkpoint_error_naming_it(tmp_path, content, messa
         content = path.read_bytes()[: path.stat().st_size // 2]
     path.write_bytes(content)
     with pytest.raises(CheckpointError, match=f"checkpoint {path} {message}") as e:
-        load_checkpoint(path)
+        load_checkpoint(path, mmap=mmap)
     assert e.value.path == path
 
 

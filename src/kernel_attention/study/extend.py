@@ -70,7 +70,7 @@ def extension(cell: Cell, d: Path, rec: dict) -> str | None:
     if old < new and ((every and old % every) or not _same_rates(train, old, new)):
         return None
     try:
-        ck = load_checkpoint(d / "last.pt")
+        ck = load_checkpoint(d / "last.pt", mmap=True)  # only its step and counters are read
     except (CheckpointError, FileNotFoundError):
         return None
     patience = train.get("patience")

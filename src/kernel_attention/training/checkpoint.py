@@ -124,15 +124,18 @@ def _free_bytes(folder: Path) -> int | None:
         return None
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`; fails clearly on anything else."""
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`; fails clearly on anything else.  ``mmap=True``
+    maps the tensors from the file rather than reading them, for a caller that wants the plain values only."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not written to the end", path)
+    mmap = mmap and zipfile.is_zipfile(path)  # torch maps only its zip format; anything else is read, and judged
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):  # weights_only met a class or function it will not import: refused, not damaged
             name = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), "")
