@@ -9,7 +9,7 @@ What one optimiser *step* (update) does, with ``n = accum_steps`` micro-batches 
 
     lr = schedule(step)                                 # step = updates made so far
     for i, b in enumerate(group):                       # DDP gradient sync only on the last (no_sync)
-        with autocast(bf16|fp16 on CUDA; off on CPU):
+        with autocast(bf16 | fp16, or off for fp32):
             loss, logs = task.loss(model, b)
             loss += regularization_weight * model.regularization()     # only if the model has it
         scaler.scale(loss / len(group)).backward()      # mean over micro-batches = one big batch
@@ -48,10 +48,10 @@ many updates *without* writing anything more, which is how tests simulate a kill
 calls the compiled module, ``task.evaluate`` may call it or :func:`~.task.unwrap` it, and checkpoints hold
 the eager module's weights, so a run may be resumed with or without compiling.
 
-Precision ``"bf16"``/``"fp16"`` use ``torch.autocast`` on CUDA (fp16 with a ``GradScaler``); on CPU they fall
-back to fp32 with a warning.  Optimisers: ``"adam"`` (``torch.optim.Adam``, L2 weight decay added to the
-gradient) and ``"adamw"`` (decoupled weight decay; this is what fairseq's ``--optimizer adam
---weight-decay`` does).
+Precision ``"bf16"`` uses ``torch.autocast`` on the CPU or CUDA; ``"fp16"`` autocasts on CUDA with a
+``GradScaler`` and falls back to fp32, with a warning, elsewhere.  Optimisers: ``"adam"``
+(``torch.optim.Adam``, L2 weight decay added to the gradient) and ``"adamw"`` (decoupled weight decay; this
+is what fairseq's ``--optimizer adam --weight-decay`` does).
 """
 
 from __future__ import annotations
