@@ -2,7 +2,10 @@
 # Converged study cells on a GPU machine, many at once, for a set time (LIMIT, under 8 minutes by default):
 #
 #   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] bash scripts/study_on_gpu.sh [STUDY[:ONLY] ...]
-#   default: dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt dissection-values:t4-nmt
+#   default: ika-translation dissection-positions:t1-sp dissection-kernels:t2-sp
+#
+# The default leaves out the TD tables' NMT columns: their cells train on from the last.pt of a shorter step limit
+# kept on the CPU machine (study/extend.py), which a window does not have; there they would start again.
 #
 # Each STUDY[:ONLY] gets PROCS processes (default 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
 # into $OUT/studies (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420) they
@@ -27,8 +30,7 @@ exec > >(tee "$OUT/study.log") 2>&1
 [ -d wheels ] && $PY -m pip install -q --no-index --find-links wheels wheels/*.whl
 CLI=(-c 'import sys; from kernel_attention.cli import main; sys.exit(main())')
 SETS=("$@")
-[ ${#SETS[@]} -eq 0 ] && SETS=(dissection-positions:t1-nmt dissection-kernels:t2-nmt dissection-order:t3-nmt
-                               dissection-values:t4-nmt)
+[ ${#SETS[@]} -eq 0 ] && SETS=(ika-translation dissection-positions:t1-sp dissection-kernels:t2-sp)
 echo "== $(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)"
 pids=()
 for set in "${SETS[@]}"; do
