@@ -431,6 +431,11 @@ def test_wall_time_line_names_each_machine_the_cells_ran_on():
     mixed = render_tables(study, runs[:2] + runs[3:], [], "small", wall_s=960, machine="host",
                           earlier={"machine": gpu})
     assert f"Wall time of the cells (sum): 16.0 min: 15.0 min on {cpu} (2 cells); 1.0 min on {gpu} (1 cell)." in mixed
+    # cells carried over from a twin (wall 0) are neither summed under a machine nor left unsaid
+    twin = dict(rec, seed=5, machine=gpu, wall_s=0, same_config_as="other-set/cell")
+    carried = render_tables(study, runs[:2] + [twin], [], "small", wall_s=900, machine="host")
+    assert ("Wall time of the cells (sum): 15.0 min on host. 1 cell carried over from a run of the same "
+            "configuration, not counted.") in carried
 
 
 def test_regression_study_runs_the_gp_rows_on_the_attention_rows_splits():

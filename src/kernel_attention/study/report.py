@@ -98,7 +98,15 @@ def _wall_line(results: list[dict], wall_s: float, machine: str, earlier_machine
     than one machine (``machine``: cells run on a CPU and a GPU, say, and collected in one folder), or name one
     and leave others unnamed, the sum per machine instead, since one host would misname the others' cells.
     Records that name none (written before the field was) are summed under ``earlier_machine``, the machine a
-    study folder says they ran on (``study.json``), else as "machines not recorded"."""
+    study folder says they ran on (``study.json``), else as "machines not recorded".  Cells carried over from a
+    twin (``same_config_as``: trained once, under another cell) cost nothing here and are counted apart."""
+    carried = sum(1 for r in results if r.get("same_config_as"))
+    results = [r for r in results if not r.get("same_config_as")]
+    tail = f" {_cells(carried)} carried over from a run of the same configuration, not counted." if carried else ""
+    return _machine_sums(results, wall_s, machine, earlier_machine) + tail
+
+
+def _machine_sums(results: list[dict], wall_s: float, machine: str, earlier_machine: str) -> str:
     named: dict[str, list[float]] = {}
     for r in results:
         if r.get("machine"):
