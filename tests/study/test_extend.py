@@ -47,13 +47,16 @@ def test_a_larger_step_limit_trains_finished_cells_on_to_the_longer_runs_result(
     assert states["a__exp__x__s0"].detail.endswith("trains on from last.pt to train.max_steps = 4")
     assert states["a__still__x__s0"].state == "finished" and "re-keyed on the next run" in states["a__still__x__s0"].detail
     assert states["b__exp__x__s0"].state == "stale"  # carried: it takes its twin's record once that has trained on
+    assert states["b__exp__x__s0"].detail.startswith("carried from a__exp__x__s0 with configuration ")
+    assert states["b__exp__x__s0"].detail.endswith("carried again once a twin has finished with it")
     logs = []
     _, results, _ = run_study(_study(4), opts, tmp_path / "out", log=logs.append)
     assert any("a__exp__x__s0: train.max_steps is larger than the run's: it trains on from its last.pt" in m
                for m in logs)
     assert any("a__still__x__s0" in m and "its result stands" in m for m in logs)
-    stale = [m for m in logs if "ran with another configuration" in m]  # the twin's carried record, until the end
-    assert len(stale) == 1 and "1 finished cell(s)" in stale[0] and "b__exp__x__s0" in stale[0]
+    assert not any("finished cell(s) ran with another configuration" in m for m in logs)  # none needs --rerun-stale
+    waiting = [m for m in logs if "carried from a twin that ran with another configuration" in m]
+    assert len(waiting) == 1 and "1 cell(s)" in waiting[0] and "b__exp__x__s0" in waiting[0]
     after = _records(tmp_path / "out", _study(4))
     fresh_out = tmp_path / "fresh"
     run_study(_study(4), opts, fresh_out, log=lambda m: None)
@@ -73,4 +76,5 @@ def test_a_limit_the_schedule_anneals_over_is_not_continued(tmp_path):
     run_study(_study(2, "cosine"), opts, tmp_path / "out", log=lambda m: None)
     logs = []
     _, results, _ = run_study(_study(4, "cosine"), opts, tmp_path / "out", log=logs.append)
-    assert results == [] and any("3 finished cell(s) ran with another configuration" in m for m in logs)
+    assert results == [] and any("2 finished cell(s) ran with another configuration" in m for m in logs)
+    assert any("1 cell(s) carried from a twin that ran with another configuration" in m for m in logs)

@@ -355,7 +355,15 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     todo = [c for c in cells if pending(c, how[c.id]) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
-    stale = [c.id for c, _ in _stale_cells(cells, dir_of) if how[c.id] is None]
+    stale, waiting = [], []  # waiting: records carried from a twin, carried again once one has trained on
+    for c, _ in _stale_cells(cells, dir_of):
+        if how[c.id] is None:
+            carried = "same_config_as" in json.loads((dir_of(c) / "result.json").read_text())
+            (waiting if carried else stale).append(c.id)
+    if waiting:
+        log(f"study {study.name}: {len(waiting)} cell(s) carried from a twin that ran with another configuration "
+            f"({', '.join(waiting[:3])}{', ...' if len(waiting) > 3 else ''}): left out of the table until a twin "
+            f"has finished with the current one, then carried again")
     if stale:
         log(f"study {study.name}: {len(stale)} finished cell(s) ran with another configuration than the current "
             f"one ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}): left out of the table and not run "

@@ -8,7 +8,8 @@ One :class:`CellState` per cell of the grid (``--only`` applies), in the grid's 
 - ``finished``: ``result.json`` with the current configuration; ``status`` ("ok", "diverged", "error"), the
   test score, and the twin it was carried from (``same_config_as``, :mod:`.twins`) if any;
 - ``stale``: finished with another configuration (:mod:`.runner`): left out of the table, ``--rerun-stale``
-  runs it; one that a larger ``train.max_steps`` continues (:mod:`.extend`) is ``running`` or ``started``
+  runs it; a record carried from a twin is carried again once a twin has finished with the grid's
+  configuration; one that a larger ``train.max_steps`` continues (:mod:`.extend`) is ``running`` or ``started``
   instead (it trains on from its ``last.pt``), or ``finished`` (early stopping had ended it: it is re-keyed);
 - ``running``: another process holds the cell's lock; ``detail`` gives its last logged step of the planned
   steps, its training time and, at its pace so far (validation included), about how long it has left;
@@ -57,6 +58,9 @@ def _state(c: Cell, d: Path) -> CellState:
             if running_elsewhere(d):
                 return CellState(c, "running", f"{where}; trains on to {limit}")
             return CellState(c, "started", f"{where}; trains on from last.pt to {limit}")
+        if stale and how is None and rec.get("same_config_as"):
+            return CellState(c, "stale", f"carried from {rec['same_config_as']} with configuration {rec['config']}, "
+                                         f"the grid's is {c.key}: carried again once a twin has finished with it")
         if stale and how is None:
             return CellState(c, "stale", f"ran with configuration {rec['config']}, the grid's is {c.key}")
         test = rec.get("test")
