@@ -5,7 +5,8 @@ import re
 
 from kernel_attention.cli import main
 from kernel_attention.study import StudyOptions, execute, get_study
-from kernel_attention.study.runner import cell_dir, cell_lock
+from kernel_attention.study.locks import cell_lock
+from kernel_attention.study.runner import cell_dir
 from kernel_attention.study.states import _how_far, cell_states, format_states
 
 

@@ -58,7 +58,8 @@ def test_processes_sharing_a_study_skip_each_others_cells(tmp_path):
     import subprocess
     import sys
 
-    from kernel_attention.study.runner import cell_dir, cell_lock
+    from kernel_attention.study.locks import cell_lock
+    from kernel_attention.study.runner import cell_dir
 
     out = tmp_path / "studies"
     opts = StudyOptions(scale="small", seeds=1)
@@ -66,7 +67,7 @@ def test_processes_sharing_a_study_skip_each_others_cells(tmp_path):
     first, second = (cell_dir(out, study, c) for c in study.build(opts)[0])
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from kernel_attention.study.runner import cell_lock\n"
+         "from kernel_attention.study.locks import cell_lock\n"
          "with cell_lock(Path(sys.argv[1])) as held:\n print(held, flush=True); time.sleep(600)", str(first)],
         stdout=subprocess.PIPE, text=True)
     try:

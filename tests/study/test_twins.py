@@ -6,7 +6,8 @@ import json
 
 from kernel_attention.study import StudyOptions, get_study
 from kernel_attention.study.core import Cell, Study, TableSpec
-from kernel_attention.study.runner import cell_dir, cell_lock, run_study
+from kernel_attention.study.locks import cell_lock
+from kernel_attention.study.runner import cell_dir, run_study
 from kernel_attention.study.smoke import _config
 from kernel_attention.study.twins import twins_of
 

@@ -36,21 +36,16 @@ finished cell of another study under the same ``out``, is not trained again: tha
 ``ImportError`` (a package this machine lacks) is not recorded: it stops the study, and the cell runs once the
 package is installed.
 
-Several processes may run one study into the same OUT at once (one per core, say): a process holds an
-exclusive ``flock`` on ``cells/<cell>/running.lock`` while it trains the cell, and the others skip it.
-The operating system drops the lock when its process ends, so a killed run leaves nothing to clean up.
-The empty lock file itself stays: removing it while another process has it open would let a third
-create a new file and lock that, and two processes would train the cell.
+Several processes may run one study into the same OUT at once (one per core, say): each trains a cell only while
+it holds the cell's lock (:mod:`.locks`), and skips the cells another holds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -62,13 +57,13 @@ from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
 from kernel_attention.study.extend import extension, rekey
+from kernel_attention.study.locks import cell_lock, running_elsewhere
 from kernel_attention.study.revision import code_revision
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
 from kernel_attention.training.run_log import end_of_run, read_metrics
 from kernel_attention.training.progress_line import format_duration
 
-__all__ = ["run_cell", "run_study", "read_results", "cell_dir", "cell_lock", "select_cells", "is_stale",
-           "running_elsewhere", "format_duration"]
+__all__ = ["run_cell", "run_study", "read_results", "cell_dir", "select_cells", "is_stale", "format_duration"]
 
 
 def cell_dir(out: str | Path, study: Study | str, cell: Cell) -> Path:
@@ -224,36 +219,6 @@ def select_cells(cells: list[Cell], only: tuple[str, ...], study_name: str) -> l
         raise ValueError(f"--only {list(only)} selects no cell of study {study_name}; its tables are "
                          f"{listed('table')}, rows {listed('row')}, columns {listed('col')}")
     return chosen
-
-
-def running_elsewhere(d: Path) -> bool:
-    """Whether another process holds the lock of cell folder ``d`` (without creating the folder)."""
-    if not d.is_dir():
-        return False
-    with cell_lock(d) as held:
-        return not held
-
-
-@contextlib.contextmanager
-def cell_lock(d: Path):
-    """Yields True while this process holds the cell folder ``d``'s lock (module docstring), False when
-    another process holds it.  Without ``fcntl`` (not POSIX) there is no lock and it yields True."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield True
-        return
-    d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / "running.lock", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _finished(path: Path, retry_errors: bool) -> bool:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from kernel_attention.study.core import STUDIES, Cell, Study, StudyOptions
 from kernel_attention.study.extend import extension
-from kernel_attention.study.runner import cell_dir, format_duration, is_stale, running_elsewhere, select_cells
+from kernel_attention.study.locks import running_elsewhere
+from kernel_attention.study.runner import cell_dir, format_duration, is_stale, select_cells
 from kernel_attention.training.run_log import read_metrics
 
 __all__ = ["CellState", "cell_states", "format_states"]
