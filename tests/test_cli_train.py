@@ -149,3 +149,35 @@ def test_ika_table4_configs_drop_what_the_official_code_drops():
         assert att.dropout == 0.0 and model["dropout"] == 0.0, path.name
         implicit = "transformer" not in path.name
         assert getattr(att.kernel, "magnitude_dropout", 0.0) == (0.1 if implicit else 0.0), path.name
+
+
+def test_an_interrupted_train_says_so_without_a_traceback_and_the_same_command_resumes(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) in the middle of training: exit status 130, one line naming the command and how
+    to go on, no traceback; the same command line then finishes the run from its last.pt."""
+    from kernel_attention.training.loop import Trainer
+
+    cfg = write(tmp_path, SYNTH)
+    args = ["train", cfg, "--run-dir", str(tmp_path / "run"), "train.checkpoint_every=2"]
+    update = Trainer._update
+
+    def interrupted(self, group):
+        if self.step == 5:
+            raise KeyboardInterrupt
+        return update(self, group)
+
+    monkeypatch.setattr(Trainer, "_update", interrupted)
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "kernel-attention train: interrupted (the same command resumes from the last checkpoint)" in err
+    assert "Traceback" not in err
+    made = []
+
+    def counted(self, group):
+        made.append(self.step)
+        return update(self, group)
+
+    monkeypatch.setattr(Trainer, "_update", counted)
+    assert main(args) == 0
+    assert made == [4, 5, 6, 7]  # from last.pt at step 4, not from the start
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 8 and steps == sorted(steps)

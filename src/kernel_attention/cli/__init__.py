@@ -21,6 +21,9 @@ from kernel_attention.cli.threads import add_threads_option, apply_threads
 COMMANDS = ["check", "data", "bench", "train", "evaluate", "translate", "generate", "export", "average", "run",
             "study"]
 
+# Commands whose runs keep checkpoints, so that the same command line resumes an interrupted one.
+RESUMABLE = ("train", "study")
+
 # Commands that compute in this process and get ``--threads N`` (bench and study have their own; run
 # gives each worker one thread).
 THREADED = ("check", "train", "evaluate", "translate", "generate")
@@ -64,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
     apply_threads(args)
     configure()  # per-block CPU tensors from the heap (kernel_attention.malloc says which and why)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a scheduler: a message, not a traceback
+        again = " (the same command resumes from the last checkpoint)" if args.command in RESUMABLE else ""
+        print(f"kernel-attention {args.command}: interrupted{again}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
