@@ -181,3 +181,42 @@ def test_an_interrupted_train_says_so_without_a_traceback_and_the_same_command_r
     assert made == [4, 5, 6, 7]  # from last.pt at step 4, not from the start
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 8 and steps == sorted(steps)
+
+
+def test_a_first_ctrl_c_stops_at_the_next_logged_step_with_last_pt_written_there(tmp_path, capsys, monkeypatch):
+    """SIGINT during step 6 with train.log_every=2: the run logs step 6, writes last.pt there and exits 130; the
+    same command resumes at step 6 (no update lost) and ends where an uninterrupted run ends."""
+    import signal
+
+    import torch
+
+    from kernel_attention.training.loop import Trainer
+
+    cfg = write(tmp_path, {**SYNTH, "train": {**SYNTH["train"], "max_steps": 10, "log_every": 2,
+                                              "checkpoint_every": 0}})
+    update = Trainer._update
+    made = []
+
+    def update_with_ctrl_c_at_step_5(self, group):
+        made.append(self.step)
+        if self.step == 5 and len(made) == 6:
+            signal.raise_signal(signal.SIGINT)  # the handler notes it; the update goes on
+        return update(self, group)
+
+    monkeypatch.setattr(Trainer, "_update", update_with_ctrl_c_at_step_5)
+    args = ["train", cfg, "--run-dir", str(tmp_path / "run")]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "training stops at its next logged step" in err and "Traceback" not in err
+    assert "kernel-attention train: interrupted: stopped after step 6, last.pt written there" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    made.clear()
+    assert main(args) == 0
+    assert made == [6, 7, 8, 9]
+    assert main(["train", cfg, "--run-dir", str(tmp_path / "straight")]) == 0
+
+    def weights(run):
+        return torch.load(tmp_path / run / "last.pt", weights_only=True)["model"]
+
+    a, b = weights("run"), weights("straight")
+    assert all(torch.equal(a[k], b[k]) for k in a)

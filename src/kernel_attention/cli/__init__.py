@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     configure()  # per-block CPU tensors from the heap (kernel_attention.malloc says which and why)
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a scheduler: a message, not a traceback
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGINT from a scheduler: a message, not a traceback
+        how = f": {e}" if str(e) else ""  # the trainer says where it stopped (kernel_attention.training.interrupt)
         again = " (the same command resumes from the last checkpoint)" if args.command in RESUMABLE else ""
-        print(f"kernel-attention {args.command}: interrupted{again}", file=sys.stderr)
+        print(f"kernel-attention {args.command}: interrupted{how}{again}", file=sys.stderr)
         return 130
 
 

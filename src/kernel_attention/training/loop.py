@@ -42,7 +42,8 @@ drops ``metrics.jsonl`` lines written after that checkpoint, and continues; the 
 uninterrupted run.  A finished run resumed with a larger ``max_steps`` trains on from its end, its end-of-run
 records dropped: the longer run, where the schedule does not depend on ``max_steps`` and the old limit was
 an evaluation step.  ``stop_after`` (or env ``KA_STOP_AFTER``) ends :meth:`Trainer.fit` right after that
-many updates *without* writing anything more, which is how tests simulate a kill.
+many updates *without* writing anything more, which is how tests simulate a kill.  Ctrl-C (SIGINT) ends it
+at the next logged step with ``last.pt`` written there, raising ``KeyboardInterrupt`` (:mod:`.interrupt`).
 
 ``compile=True`` trains through ``torch.compile(model, dynamic=True)`` (after the DDP wrapper); ``task.loss``
 calls the compiled module, ``task.evaluate`` may call it or :func:`~.task.unwrap` it, and checkpoints hold
@@ -73,6 +74,7 @@ from kernel_attention.training.averaging import drop_snapshots_after, keep_snaps
 from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
                                                   set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
+from kernel_attention.training.interrupt import StopRequest
 from kernel_attention.training.progress_line import progress_display
 from kernel_attention.training.run_log import RunLog
 from kernel_attention.training.schedules import SCHEDULES
@@ -83,8 +85,9 @@ __all__ = ["Trainer", "TIMING_KEYS"]
 #: keys of metrics.jsonl records that depend on wall-clock time (everything else is reproducible)
 TIMING_KEYS = ("wall_s", "steps_per_s", "tokens_per_s")
 
-#: the key under which the seconds since last.pt ride along with the train record's reduction (not logged)
-SINCE_SAVE = "_since_save_s"
+#: keys that ride along with the train record's reduction (not logged): the seconds since last.pt, and
+#: whether a rank was asked to stop (:mod:`.interrupt`)
+SINCE_SAVE, STOP = "_since_save_s", "_stop"
 
 
 class Trainer:
@@ -323,6 +326,8 @@ class Trainer:
                                       getattr(self.task, "throughput_unit", "tokens"))
         acc: dict[str, float] = {}
         t_last, steps_since, tokens_since = time.time(), 0, 0
+        interrupt = StopRequest()
+        interrupt.install()
         try:
             while not self._done():
                 it = iter(self.task.train_batches(self.epoch, self.info.rank, self.info.world_size))
@@ -338,11 +343,12 @@ class Trainer:
                     steps_since += 1
                     tokens_since += self._tokens
                     bar.update(1)
-                    since_save = None  # seconds since last.pt, the ranks' mean, on logged steps
+                    since_save, stop = None, False  # seconds since last.pt (the ranks' mean); Ctrl-C on a rank
                     if self.step % c.log_every == 0 or self._done():
                         vals = D.all_reduce_mean({**{k: v / steps_since for k, v in acc.items()},
-                                                  SINCE_SAVE: time.time() - self._saved_at}, self.device)
-                        since_save = vals.pop(SINCE_SAVE)
+                                                  SINCE_SAVE: time.time() - self._saved_at,
+                                                  STOP: float(interrupt.requested)}, self.device)
+                        since_save, stop = vals.pop(SINCE_SAVE), vals.pop(STOP) > 0
                         dt = max(time.time() - t_last, 1e-9)
                         rate = {"steps_per_s": round(steps_since / dt, 3)}
                         if tokens_since:
@@ -364,6 +370,10 @@ class Trainer:
                                        and since_save >= 60 * c.checkpoint_minutes)
                     if due and not self._done():
                         self.save(snapshot=periodic)
+                    if stop and not self._done():
+                        if not due:
+                            self.save()
+                        raise KeyboardInterrupt(f"stopped after step {self.step}, last.pt written there")
                     if stop_after is not None and self.step >= stop_after:
                         summary["interrupted"] = True
                         return self._summary(summary)
@@ -372,6 +382,7 @@ class Trainer:
                 self.epoch, self.position = self.epoch + 1, 0
             summary.update(self._finish())
         finally:
+            interrupt.uninstall()
             bar.close()
             self.metrics.close()
         return self._summary(summary)
