@@ -204,12 +204,17 @@ def test_a_first_ctrl_c_stops_at_the_next_logged_step_with_last_pt_written_there
         return update(self, group)
 
     monkeypatch.setattr(Trainer, "_update", update_with_ctrl_c_at_step_5)
+    # Python's own handler, as in a terminal (a shell starts background jobs with SIGINT ignored; so does nohup)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     args = ["train", cfg, "--run-dir", str(tmp_path / "run")]
-    assert main(args) == 130
+    try:
+        assert main(args) == 130
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, before)
     err = capsys.readouterr().err
     assert "training stops at its next logged step" in err and "Traceback" not in err
     assert "kernel-attention train: interrupted: stopped after step 6, last.pt written there" in err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     made.clear()
     assert main(args) == 0
     assert made == [6, 7, 8, 9]
