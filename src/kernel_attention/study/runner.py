@@ -226,15 +226,15 @@ def _finished(path: Path, retry_errors: bool) -> bool:
     return path.is_file() and not (retry_errors and json.loads(path.read_text()).get("status") == "error")
 
 
-def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, str]]:
-    """(cell, the key its record names) for each stale cell of ``cells``."""
+def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, dict]]:
+    """(cell, its record) for each stale cell of ``cells``."""
     out = []
     for c in cells:
         p = dir_of(c) / "result.json"
         if p.is_file():
             rec = json.loads(p.read_text())
             if is_stale(rec, p.parent, c):
-                out.append((c, rec["config"]))
+                out.append((c, rec))
     return out
 
 
@@ -288,10 +288,11 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         raise ValueError(f"study {study.name}: duplicate cell ids")
     table_of = {t.name: t for t in study.tables}
     if rerun_stale and run:
-        for c, key in _stale_cells(cells, dir_of):
-            moved = _move_aside(dir_of(c), key)
+        for c, rec in _stale_cells(cells, dir_of):
+            moved = _move_aside(dir_of(c), rec["config"])
             if moved is not None:
-                log(f"[{study.name}] {c.id}: ran with another configuration ({key}); moved to {moved.name}")
+                log(f"[{study.name}] {c.id}: ran with another configuration ({rec['config']}); moved to "
+                    f"{moved.name}")
 
     def extended(c: Cell) -> str | None:  # a stale record that a larger train.max_steps continues (.extend)
         p = dir_of(c) / "result.json"
@@ -304,9 +305,8 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         return not _finished(dir_of(c) / "result.json", retry_errors) or how == "train"
 
     def recarry() -> None:  # stale carried records whose twin has trained on to the current configuration
-        for c in cells:
-            rec = dir_of(c) / "result.json"
-            if rec.is_file() and "same_config_as" in json.loads(rec.read_text()) and _stale_cells([c], dir_of):
+        for c, rec in _stale_cells(cells, dir_of):
+            if "same_config_as" in rec:
                 carry(c)
 
     if run:
@@ -321,10 +321,9 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
     stale, waiting = [], []  # waiting: records carried from a twin, carried again once one has trained on
-    for c, _ in _stale_cells(cells, dir_of):
+    for c, rec in _stale_cells(cells, dir_of):
         if how[c.id] is None:
-            carried = "same_config_as" in json.loads((dir_of(c) / "result.json").read_text())
-            (waiting if carried else stale).append(c.id)
+            (waiting if "same_config_as" in rec else stale).append(c.id)
     if waiting:
         log(f"study {study.name}: {len(waiting)} cell(s) carried from a twin that ran with another configuration "
             f"({', '.join(waiting[:3])}{', ...' if len(waiting) > 3 else ''}): left out of the table until a twin "
