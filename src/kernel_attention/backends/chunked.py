@@ -194,11 +194,23 @@ class _Chunked(torch.autograd.Function):
         if lse is None:
             lse = v.new_zeros(b, h, tq)
         ctx.spec = spec
+        dev = v.device.type
+        ctx.autocast = (dev, torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else None
         ctx.save_for_backward(qf, kf, v, out, lse, *extras)
         return out
 
     @staticmethod
     def backward(ctx, gout):
+        # The backward runs under the forward's autocast (what torch.amp.custom_bwd does): its products and
+        # callbacks then see the dtypes the forward's did, a float32 term (CUDA autocast's exp and pow) beside
+        # bf16 values included.
+        if ctx.autocast is None:
+            return _Chunked._backward(ctx, gout)
+        with torch.autocast(ctx.autocast[0], dtype=ctx.autocast[1]):
+            return _Chunked._backward(ctx, gout)
+
+    @staticmethod
+    def _backward(ctx, gout):
         spec = ctx.spec
         qf, kf, v, out, lse, *extras = ctx.saved_tensors
         b, h = v.shape[0], v.shape[1]
@@ -242,8 +254,8 @@ class _Chunked(torch.autograd.Function):
             bias = bias_g.detach() if bias_g is not None else None
             if qf is not None:
                 s = torch.matmul(qf[..., rows, :], kf[..., cols, :].transpose(-1, -2)).mul_(spec.scale)
-                if bias is not None:
-                    s.add_(bias)
+                if bias is not None:  # in the forward's dtype: a float32 term makes the logits float32
+                    s = s.add_(bias) if s.dtype == torch.promote_types(s.dtype, bias.dtype) else s + bias
             else:
                 s = bias.expand(b, h, r1 - r0, hi - lo).clone()
             if spec.keep is not None:
