@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # Converged study cells on a GPU machine, many at once, for a set time (LIMIT, under 8 minutes by default):
 #
-#   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] bash scripts/study_on_gpu.sh [STUDY[:ONLY] ...]
-#   default: ika-translation dissection-positions:t1-sp dissection-kernels:t2-sp
+#   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] bash scripts/study_on_gpu.sh [STUDY[:ONLY][@N] ...]
+#   default: dissection-positions:t1-sp@5 dissection-kernels:t2-sp@6
 #
-# The default leaves out the TD tables' NMT columns: their cells train on from the last.pt of a shorter step limit
-# kept on the CPU machine (study/extend.py), which a window does not have; there they would start again.
+# The default sets are SP columns, whose cells finish inside a window when about eleven share the GPU.  An NMT
+# cell does not: its evaluations decode the validation split greedily, and on an H100 shared that way it makes
+# about a third of its 6,000 updates in a window; the TD tables' NMT columns also train on from the last.pt of a
+# shorter step limit kept on the CPU machine (study/extend.py), which a window does not have.  docs/benchmarks.md
+# gives the measured cost of each.
 #
-# Each STUDY[:ONLY] gets PROCS processes (default 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
-# into $OUT/studies (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420) they
-# are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  The cells of a published
-# set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they are not trained again.  What comes back
-# is small: the checkpoints (*.pt) are removed, so a cell stopped before it finished starts again next window, and a
-# finished one is complete in its result.json and metrics.jsonl.  Copy the cells that trained there (the folders of
-# $OUT/studies/<study>-converged/cells/ with a metrics.jsonl) into the studies folder the CPU runs use, and collect
-# there.  The package is read from src/ (PYTHONPATH); its dependencies must be importable on the machine (torch,
-# sacrebleu, tokenizers, PyYAML, ...): where they are not, carry a folder wheels/ made here with `pip download -d
-# wheels sacrebleu tokenizers ...` and it is installed from there first.
+# Each STUDY[:ONLY] gets N processes (default PROCS, 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
+# into a studies folder (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420)
+# they are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  The cells of a
+# published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they are not trained again.
+#
+# Two files come back under $OUT: study.log and studies.tar.gz, the studies folder with each process's log and
+# without checkpoints (*.pt), so a cell stopped before it finished starts again next window, and a finished one is
+# complete in its result.json and metrics.jsonl.  Unpack it here and copy the cells that trained there (the folders
+# of <study>-converged/cells/ with a metrics.jsonl) into the studies folder the CPU runs use, then collect there.
+#
+# The machine has only the repository: the data root is .data/ in it when there is one (git-ignored; copy
+# ../shared/data/multi30k-de-en and wikitext-2 there and carry it), else $KERNEL_ATTENTION_DATA or ../shared/data.
+# The package is read from src/ (PYTHONPATH); its dependencies must be importable on the machine (torch, sacrebleu,
+# tokenizers, PyYAML, ...): where they are not, carry a folder wheels/ made here with `pip download -d wheels
+# sacrebleu tokenizers ...` and it is installed from there first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -24,32 +32,36 @@ PROCS=${PROCS:-4}
 LIMIT=${LIMIT:-420}
 SCALE=${SCALE:-converged}
 PY=${PYTHON:-python3}
+STUDIES=$(mktemp -d)/studies
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-mkdir -p "$OUT/studies"
+[ -d .data ] && export KERNEL_ATTENTION_DATA="$PWD/.data"
+mkdir -p "$OUT" "$STUDIES/logs"
 exec > >(tee "$OUT/study.log") 2>&1
 [ -d wheels ] && $PY -m pip install -q --no-index --find-links wheels wheels/*.whl
 CLI=(-c 'import sys; from kernel_attention.cli import main; sys.exit(main())')
 SETS=("$@")
-[ ${#SETS[@]} -eq 0 ] && SETS=(ika-translation dissection-positions:t1-sp dissection-kernels:t2-sp)
-echo "== $(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)"
+[ ${#SETS[@]} -eq 0 ] && SETS=(dissection-positions:t1-sp@5 dissection-kernels:t2-sp@6)
+echo "== $(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)," \
+     "data ${KERNEL_ATTENTION_DATA:-../shared/data}"
 pids=()
 for set in "${SETS[@]}"; do
+    procs=${set##*@}; [ "$procs" = "$set" ] && procs=$PROCS; set=${set%@*}
     name=${set%%:*}; only=${set#*:}; [ "$only" = "$set" ] && only=""
     # the cells published so far are carried in, not trained again
     published=docs/results/$name-$SCALE/runs.csv
-    [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$OUT/studies" \
+    [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" \
         --import-runs "$published" --collect-only --no-figures | tail -n 1
-    for i in $(seq "$PROCS"); do
-        timeout -s INT "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
-            --out "$OUT/studies" --checkpoint-minutes 1 --no-figures > "$OUT/$name.$i.log" 2>&1 &
+    for i in $(seq "$procs"); do
+        timeout -k 20 -s INT "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
+            --out "$STUDIES" --checkpoint-minutes 1 --no-figures > "$STUDIES/logs/$name.$i.log" 2>&1 &
         pids+=($!)
     done
 done
 wait "${pids[@]}"
 for set in "${SETS[@]}"; do
-    name=${set%%:*}
-    $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$OUT/studies" --collect-only | tail -n 3
+    name=${set%@*}; name=${name%%:*}
+    $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" --collect-only | tail -n 3
 done
-find "$OUT/studies" -name '*.pt' -delete
-echo "== $(date -u +%H:%M:%S) finished cells:"
-find "$OUT/studies" -name result.json | wc -l
+find "$STUDIES" -name '*.pt' -delete
+echo "== $(date -u +%H:%M:%S) finished cells: $(find "$STUDIES" -name result.json | wc -l)"
+tar czf "$OUT/studies.tar.gz" -C "$(dirname "$STUDIES")" studies

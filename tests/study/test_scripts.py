@@ -27,8 +27,8 @@ def _array(script: str, name: str) -> list[str]:
 
 
 def _selected(entry: str, scale: str = "converged") -> list:
-    """The cells a ``STUDY:ONLY`` entry runs (ONLY empty: the whole study)."""
-    name, _, only = entry.partition(":")
+    """The cells a ``STUDY:ONLY[@N]`` entry runs (ONLY empty: the whole study; N processes)."""
+    name, _, only = entry.partition("@")[0].partition(":")
     cells, _ = get_study(name).cells(StudyOptions(scale=scale))
     return select_cells(cells, tuple(o for o in only.split(",") if o), name)
 
@@ -64,9 +64,11 @@ def test_the_cpu_queue_runs_the_nmt_columns_and_ika_table_3_before_the_sp_column
     assert all(c.table.endswith("-sp") for e in queue[first_sp:] for c in _selected(e))
 
 
-def test_the_gpu_window_defaults_name_cells_that_need_no_checkpoint_from_the_cpu_machine():
-    """The TD NMT columns train on from last.pt files that only the CPU machine holds."""
+def test_the_gpu_window_defaults_name_sp_cells():
+    """The window's default sets are SP columns: an NMT cell outlasts a window (and the TD NMT columns train on
+    from last.pt files that only the CPU machine holds)."""
     for entry in _array("study_on_gpu.sh", "SETS"):
         cells = _selected(entry)
         assert cells, entry
-        assert not any(c.table.endswith("-nmt") for c in cells), entry
+        assert all(c.table.endswith("-sp") for c in cells), entry
+        assert entry.rpartition("@")[2].isdigit(), f"{entry}: no process count"
