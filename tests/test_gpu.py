@@ -160,7 +160,8 @@ def test_empty_rows_are_zero_on_cuda():
 
 
 @pytest.mark.parametrize("kernel,position", [("rbf", "none"), ("rbf", "shaw"), ("rbf", "xl"),
-                                             ("ikan-direct", "none"), ("mikan:amortized=false", "none")])
+                                             ("ikan-direct", "none"), ("mikan:amortized=false", "none"),
+                                             ("ikas:amortized=false", "none")])
 def test_layer_trains_under_bf16_autocast_on_cuda(kernel, position):
     """One KernelAttention layer, forward+backward under bf16 autocast on CUDA: finite, and close to the
     float32 layer with the same weights (the implicit kernels' log k comes in float32 there)."""

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from kernel_attention.backends.amp import autocast_state, replay
 from kernel_attention.backends.base import Problem, pad_last, row_bounds, sum_to
 from kernel_attention.dropout import keep_mask
 
@@ -193,20 +194,13 @@ class _Chunked(torch.autograd.Function):
             lse[..., rows] = l
         if lse is None:
             lse = v.new_zeros(b, h, tq)
-        ctx.spec = spec
-        dev = v.device.type
-        ctx.autocast = (dev, torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else None
+        ctx.spec, ctx.autocast = spec, autocast_state(v)
         ctx.save_for_backward(qf, kf, v, out, lse, *extras)
         return out
 
     @staticmethod
     def backward(ctx, gout):
-        # The backward runs under the forward's autocast (what torch.amp.custom_bwd does): its products and
-        # callbacks then see the dtypes the forward's did, a float32 term (CUDA autocast's exp and pow) beside
-        # bf16 values included.
-        if ctx.autocast is None:
-            return _Chunked._backward(ctx, gout)
-        with torch.autocast(ctx.autocast[0], dtype=ctx.autocast[1]):
+        with replay(ctx.autocast):  # the forward's autocast: a float32 term beside bf16 values (backends/amp.py)
             return _Chunked._backward(ctx, gout)
 
     @staticmethod
@@ -298,9 +292,9 @@ def chunked_smoother(spec: ChunkSpec, qf: Tensor | None, kf: Tensor | None, v: T
     the features whose scaled inner product enters the logits (or both None), v (B, H, Tk, Dv),
     ``extras`` the tensors ``spec.bias_fn`` / ``spec.value_fn`` read.  Returns (B, H, Tq, Dv).
 
-    Under autocast, q', k' and v are cast to its dtype here: the forward's products would be cast by
-    autocast, the backward runs without it, and mixed inputs (a bf16 projection plus a float32
-    positional bias) would reach its products as they are."""
+    Under autocast, q', k' and v are cast to its dtype here, so the tensors the backward keeps share one
+    dtype; the terms the callbacks give may still come in float32 (a positional bias, the implicit kernels'
+    log k), and the backward replays the forward's autocast for them (backends/amp.py)."""
     dev = v.device.type
     if torch.is_autocast_enabled(dev):
         dt = torch.get_autocast_dtype(dev)
