@@ -183,35 +183,42 @@ def test_an_interrupted_train_says_so_without_a_traceback_and_the_same_command_r
     assert steps[-1] == 8 and steps == sorted(steps)
 
 
-def test_a_first_ctrl_c_stops_at_the_next_logged_step_with_last_pt_written_there(tmp_path, capsys, monkeypatch):
-    """SIGINT during step 6 with train.log_every=2: the run logs step 6, writes last.pt there and exits 130; the
-    same command resumes at step 6 (no update lost) and ends where an uninterrupted run ends."""
+@pytest.mark.parametrize("signame,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_first_ctrl_c_or_sigterm_stops_at_the_next_logged_step_with_last_pt_written_there(
+        tmp_path, capsys, monkeypatch, signame, status):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's) during step 6 with train.log_every=2: the run logs step 6, writes
+    last.pt there and exits 128 + the signal's number; the same command resumes at step 6 (no update lost) and
+    ends where an uninterrupted run ends."""
     import signal
 
     import torch
 
     from kernel_attention.training.loop import Trainer
 
+    signum = getattr(signal, signame)
+    default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
     cfg = write(tmp_path, {**SYNTH, "train": {**SYNTH["train"], "max_steps": 10, "log_every": 2,
                                               "checkpoint_every": 0}})
     update = Trainer._update
     made = []
 
-    def update_with_ctrl_c_at_step_5(self, group):
+    def update_with_a_signal_at_step_5(self, group):
         made.append(self.step)
         if self.step == 5 and len(made) == 6:
-            signal.raise_signal(signal.SIGINT)  # the handler notes it; the update goes on
+            # the trainer's handler must be in place: Python's default for SIGTERM would end the test process
+            assert signal.getsignal(signum) is not default, f"no handler for {signame} while training"
+            signal.raise_signal(signum)  # the handler notes it; the update goes on
         return update(self, group)
 
-    monkeypatch.setattr(Trainer, "_update", update_with_ctrl_c_at_step_5)
+    monkeypatch.setattr(Trainer, "_update", update_with_a_signal_at_step_5)
     # Python's own handler, as in a terminal (a shell starts background jobs with SIGINT ignored; so does nohup)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = signal.signal(signum, default)
     args = ["train", cfg, "--run-dir", str(tmp_path / "run")]
     try:
-        assert main(args) == 130
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+        assert main(args) == status
+        assert signal.getsignal(signum) is default  # put back
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signum, before)
     err = capsys.readouterr().err
     assert "training stops at its next logged step" in err and "Traceback" not in err
     assert "kernel-attention train: interrupted: stopped after step 6, last.pt written there" in err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from kernel_attention.cli.threads import add_threads_option, apply_threads
@@ -69,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     configure()  # per-block CPU tensors from the heap (kernel_attention.malloc says which and why)
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGINT from a scheduler: a message, not a traceback
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGINT / SIGTERM from a scheduler: a message, not a traceback
         how = f": {e}" if str(e) else ""  # the trainer says where it stopped (kernel_attention.training.interrupt)
         again = " (the same command resumes from the last checkpoint)" if args.command in RESUMABLE else ""
         print(f"kernel-attention {args.command}: interrupted{how}{again}", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signum", signal.SIGINT)  # as the shell reports a process that signal ends
 
 
 if __name__ == "__main__":  # pragma: no cover

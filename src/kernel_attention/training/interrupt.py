@@ -1,10 +1,14 @@
-"""Ctrl-C during training: the first SIGINT asks :meth:`Trainer.fit <.loop.Trainer.fit>` to stop at its next
-logged step, after writing ``last.pt`` there, so that the same command resumes with no update lost; a second
-SIGINT stops at once (Python's ``KeyboardInterrupt``), losing the updates since the last checkpoint.
+"""Ctrl-C or a scheduler's SIGTERM during training: the first SIGINT or SIGTERM asks
+:meth:`Trainer.fit <.loop.Trainer.fit>` to stop at its next logged step, after writing ``last.pt`` there, so that
+the same command resumes with no update lost; a second one of the same signal stops at once (SIGINT: Python's
+``KeyboardInterrupt``; SIGTERM: the process ends), losing the updates since the last checkpoint.  A batch
+scheduler (SLURM, Kubernetes, ``torchrun`` passing on its own) sends SIGTERM and waits some seconds before
+SIGKILL; a logged step (``train.log_every``) comes within them unless the steps are very slow.
 
 Under ``torchrun`` each rank's request rides along the reduction of the train record, so that all ranks stop
 at the same step and write the checkpoint together.  A handler is set only from the main thread and only in
-place of Python's default one: a handler that a caller installed is left alone.
+place of the signal's default one (Python's ``default_int_handler`` for SIGINT, ``SIG_DFL`` for SIGTERM): a
+handler that a caller installed, or a signal the shell ignores, is left alone.
 """
 
 from __future__ import annotations
@@ -13,29 +17,46 @@ import signal
 import sys
 import threading
 
-__all__ = ["StopRequest"]
+__all__ = ["StopRequest", "Stopped"]
+
+#: each signal handled, with the handler that is its default in Python and how the messages name it
+_DEFAULTS = {signal.SIGINT: (signal.default_int_handler, "Ctrl-C"), signal.SIGTERM: (signal.SIG_DFL, "SIGTERM")}
+
+
+class Stopped(KeyboardInterrupt):
+    """Raised by the trainer where it stopped on request; ``signum`` is the signal that asked (the CLI's exit
+    status is 128 + signum, as the shell gives a process that signal ends)."""
+
+    def __init__(self, message: str, signum: int | None = None) -> None:
+        super().__init__(message)
+        self.signum = int(signum or signal.SIGINT)  # a rank stopped by another's request: as by Ctrl-C
 
 
 class StopRequest:
-    """``requested`` turns True at the first SIGINT between :meth:`install` and :meth:`uninstall`."""
+    """``requested`` turns True at the first SIGINT or SIGTERM between :meth:`install` and :meth:`uninstall`;
+    ``signum`` is that signal."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._installed = False
+        self.signum: int | None = None
+        self._installed: list[int] = []
 
     def _handler(self, signum, frame) -> None:
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C raises KeyboardInterrupt
-        print("\ninterrupt: training stops at its next logged step, once last.pt is written there "
-              "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)
+        self.requested, self.signum = True, self.signum or signum
+        default, name = _DEFAULTS[signum]
+        signal.signal(signum, default)  # the same signal again stops at once
+        print(f"\n{'interrupt' if signum == signal.SIGINT else name}: training stops at its next logged step, once "
+              f"last.pt is written there ({name} again stops at once)", file=sys.stderr, flush=True)
 
     def install(self) -> None:
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._handler)
-            self._installed = True
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, (default, _) in _DEFAULTS.items():
+            if signal.getsignal(signum) is default:
+                signal.signal(signum, self._handler)
+                self._installed.append(signum)
 
     def uninstall(self) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self._installed = False
+        for signum in self._installed:
+            signal.signal(signum, _DEFAULTS[signum][0])
+        self._installed = []

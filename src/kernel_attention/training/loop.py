@@ -42,8 +42,9 @@ drops ``metrics.jsonl`` lines written after that checkpoint, and continues; the 
 uninterrupted run.  A finished run resumed with a larger ``max_steps`` trains on from its end, its end-of-run
 records dropped: the longer run, where the schedule does not depend on ``max_steps`` and the old limit was
 an evaluation step.  ``stop_after`` (or env ``KA_STOP_AFTER``) ends :meth:`Trainer.fit` right after that
-many updates *without* writing anything more, which is how tests simulate a kill.  Ctrl-C (SIGINT) ends it
-at the next logged step with ``last.pt`` written there, raising ``KeyboardInterrupt`` (:mod:`.interrupt`).
+many updates *without* writing anything more, which is how tests simulate a kill.  Ctrl-C (SIGINT) or a
+scheduler's SIGTERM ends it at the next logged step with ``last.pt`` written there, raising
+:class:`~.interrupt.Stopped` (a ``KeyboardInterrupt``; :mod:`.interrupt`).
 
 ``compile=True`` trains through ``torch.compile(model, dynamic=True)`` (after the DDP wrapper); ``task.loss``
 calls the compiled module, ``task.evaluate`` may call it or :func:`~.task.unwrap` it, and checkpoints hold
@@ -74,7 +75,7 @@ from kernel_attention.training.averaging import drop_snapshots_after, keep_snaps
 from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
                                                   set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
-from kernel_attention.training.interrupt import StopRequest
+from kernel_attention.training.interrupt import StopRequest, Stopped
 from kernel_attention.training.progress_line import progress_display
 from kernel_attention.training.run_log import RunLog
 from kernel_attention.training.schedules import SCHEDULES
@@ -373,7 +374,7 @@ class Trainer:
                     if stop and not self._done():
                         if not due:
                             self.save()
-                        raise KeyboardInterrupt(f"stopped after step {self.step}, last.pt written there")
+                        raise Stopped(f"stopped after step {self.step}, last.pt written there", interrupt.signum)
                     if stop_after is not None and self.step >= stop_after:
                         summary["interrupted"] = True
                         return self._summary(summary)
