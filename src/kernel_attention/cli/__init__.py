@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGINT / SIGTERM from a scheduler: a message, not a traceback
         how = f": {e}" if str(e) else ""  # the trainer says where it stopped (kernel_attention.training.interrupt)
         again = " (the same command resumes from the last checkpoint)" if args.command in RESUMABLE else ""
-        print(f"kernel-attention {args.command}: interrupted{how}{again}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun the signal reaches every rank: one line
+            print(f"kernel-attention {args.command}: interrupted{how}{again}", file=sys.stderr)
         return 128 + getattr(e, "signum", signal.SIGINT)  # as the shell reports a process that signal ends
 
 

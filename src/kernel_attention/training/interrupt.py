@@ -36,7 +36,8 @@ class StopRequest:
     """``requested`` turns True at the first SIGINT or SIGTERM between :meth:`install` and :meth:`uninstall`;
     ``signum`` is that signal."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
+        self.announce = announce  # under torchrun only the main rank says so: the signal reaches every rank
         self.requested = False
         self.signum: int | None = None
         self._installed: list[int] = []
@@ -45,8 +46,9 @@ class StopRequest:
         self.requested, self.signum = True, self.signum or signum
         default, name = _DEFAULTS[signum]
         signal.signal(signum, default)  # the same signal again stops at once
-        print(f"\n{'interrupt' if signum == signal.SIGINT else name}: training stops at its next logged step, once "
-              f"last.pt is written there ({name} again stops at once)", file=sys.stderr, flush=True)
+        if self.announce:
+            print(f"\n{'interrupt' if signum == signal.SIGINT else name}: training stops at its next logged step, "
+                  f"once last.pt is written there ({name} again stops at once)", file=sys.stderr, flush=True)
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -327,7 +327,7 @@ class Trainer:
                                       getattr(self.task, "throughput_unit", "tokens"))
         acc: dict[str, float] = {}
         t_last, steps_since, tokens_since = time.time(), 0, 0
-        interrupt = StopRequest()
+        interrupt = StopRequest(announce=self.is_main)
         interrupt.install()
         try:
             while not self._done():
