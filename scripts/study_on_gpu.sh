@@ -52,7 +52,7 @@ for set in "${SETS[@]}"; do
     [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" \
         --import-runs "$published" --collect-only --no-figures | tail -n 1
     for i in $(seq "$procs"); do
-        timeout -k 20 -s INT "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
+        timeout -k 20 -s TERM "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
             --out "$STUDIES" --checkpoint-minutes 1 --no-figures > "$STUDIES/logs/$name.$i.log" 2>&1 &
         pids+=($!)
     done

@@ -2,8 +2,8 @@
 :meth:`Trainer.fit <.loop.Trainer.fit>` to stop at its next logged step, after writing ``last.pt`` there, so that
 the same command resumes with no update lost; a second one of the same signal stops at once (SIGINT: Python's
 ``KeyboardInterrupt``; SIGTERM: the process ends), losing the updates since the last checkpoint.  A batch
-scheduler (SLURM, Kubernetes, ``torchrun`` passing on its own) sends SIGTERM and waits some seconds before
-SIGKILL; a logged step (``train.log_every``) comes within them unless the steps are very slow.
+scheduler (SLURM, Kubernetes) sends SIGTERM and waits some seconds before SIGKILL, and ``torchrun`` passes the
+one it gets to its workers; a logged step (``train.log_every``) comes within those seconds unless steps are slow.
 
 Under ``torchrun`` each rank's request rides along the reduction of the train record, so that all ranks stop
 at the same step and write the checkpoint together.  A handler is set only from the main thread and only in
