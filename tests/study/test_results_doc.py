@@ -19,7 +19,7 @@ from kernel_attention.study.report import CSV_FIELDS, read_csv, render_tables, w
 from kernel_attention.study.results_page import render_page, write_page
 from kernel_attention.study.resultset import load_manifest
 from kernel_attention.study.revision import code_revision
-from kernel_attention.study.significance import mark, paired_difference
+from kernel_attention.study.significance import mark, paired_difference, paired_machines
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 RESULTS = DOCS / "results"
@@ -138,6 +138,24 @@ def test_one_seed_has_no_test():
     assert mark(p, +1) == "one seed, no test" and p.text(2) == "+2.00 (n = 1)"
     none = paired_difference({0: 1.0}, {1: 1.0}, True)
     assert none.n == 0 and mark(none, +1) == "not run" and none.text(2) == ""
+
+
+def test_pairs_across_machines_are_counted_and_said():
+    """A pair counts as across machines where both runs name a machine and the two differ; a run that names none
+    (rows from before the column) counts for neither; the mark does not change."""
+    values = ({1: 10.0, 2: 12.0, 3: 11.0}, {1: 8.0, 2: 9.0, 3: 9.0})
+    cpu, gpu = "AMD EPYC (AVX512), torch 2.13.0+cpu", "Intel Xeon, torch 2.11.0+cu130, GPU NVIDIA H100 80GB HBM3"
+    machines = ({1: gpu, 2: gpu, 3: cpu}, {1: cpu, 2: cpu, 3: cpu})
+    p = paired_difference(*values, True, machines)
+    assert p.across == 2 and mark(p, +1) == mark(paired_difference(*values, True), +1) == "holds"
+    assert p.text(2) == "+2.33 ± 0.58 (n = 3, p = 0.02, 2 pairs across machines)"
+    assert paired_difference(*values, True, ({1: gpu}, {})).across == 0
+    one = paired_difference({0: 77.0}, {0: 75.0}, True, ({0: gpu}, {0: cpu}))
+    assert one.text(2) == "+2.00 (n = 1, 1 pair across machines)"
+    rows = [{"seed": "1", "status": "ok", "valid": "1.0", "test": "1.0", "machine": cpu},
+            {"seed": "2", "status": "ok", "valid": "2.0", "test": "2.0"},
+            {"seed": "3", "status": "error", "valid": None, "test": None, "machine": gpu}]
+    assert paired_machines(rows) == {1: cpu}
 
 
 def test_identical_models_are_within_noise():

@@ -103,7 +103,10 @@ def _method() -> list[str]:
             "where it does not differ, **differs** where the paper's two numbers are equal but ours differ; "
             "one pair gives \"one seed, no test\".  The TD tables show the test score of the best-validation seed "
             "(the paper's protocol), the IKA tables the mean ± std; the paired differences use every seed's "
-            "test score in both."]
+            "test score in both.  Where the two runs of a pair ran on different machines (the `machine` column: "
+            "processor, torch build, GPU) the difference says how many pairs did: one configuration and seed "
+            "come out differently on two machines, so such pairs carry that difference too "
+            "([benchmarks.md](benchmarks.md#cost-of-a-converged-study-cell) measures it for one cell)."]
 
 
 def _demote(text: str) -> list[str]:

@@ -28,7 +28,7 @@ import yaml
 from kernel_attention.study.core import Study, TableSpec, get_study
 from kernel_attention.study.findings import COMPARISONS, Comparison, paper_direction
 from kernel_attention.study.report import read_csv, summarize_cell
-from kernel_attention.study.significance import Paired, mark, paired_difference, paired_values
+from kernel_attention.study.significance import Paired, mark, paired_difference, paired_machines, paired_values
 
 __all__ = ["ResultSet", "Marked", "Manifest", "load_manifest", "SCALE_PREFERENCE"]
 
@@ -88,7 +88,8 @@ class ResultSet:
 
         def values(r: str, c: str) -> dict[int, float]:
             return paired_values(self.runs(table, r, c), t.scale_factor, t.scaled_units)
-        return paired_difference(values(row, col), values(base_row, base_col), t.higher_is_better)
+        machines = (paired_machines(self.runs(table, row, col)), paired_machines(self.runs(table, base_row, base_col)))
+        return paired_difference(values(row, col), values(base_row, base_col), t.higher_is_better, machines)
 
     @cached_property
     def marked(self) -> list[Marked]:

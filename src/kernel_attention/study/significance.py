@@ -24,6 +24,10 @@ and the mark, against the direction ``paper`` of the paper's own numbers (+1: th
 
 With s_d == 0 (every pair differs by the same amount) t is infinite unless d̄ == 0 too (two identical
 models, say): p = 0 and p = 1 respectively.
+
+A pair whose two runs name different machines (the ``machine`` column: processor, torch build, GPU) is counted
+and said beside the test: the same configuration and seed come out differently on two machines (rounding
+differs), so such pairs add that difference to s_d.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import math
 
 from kernel_attention.study.report import finished_ok
 
-__all__ = ["Paired", "paired_difference", "paired_values", "mark", "ALPHA", "MARKS"]
+__all__ = ["Paired", "paired_difference", "paired_values", "paired_machines", "mark", "ALPHA", "MARKS"]
 
 ALPHA = 0.05
 MARKS = ("holds", "reversed", "differs", "within noise", "one seed, no test", "not run")
@@ -47,14 +51,17 @@ class Paired:
     std: float | None
     n: int
     p: float | None
+    across: int = 0  # pairs whose two runs ran on different machines
 
     def text(self, digits: int) -> str:
-        """``+0.27 ± 1.52 (n = 10, p = 0.59)``; with one pair the difference alone; "" with none."""
+        """``+0.27 ± 1.52 (n = 10, p = 0.59)``, with ``, 3 pairs across machines`` where some are; with one
+        pair the difference alone; "" with none."""
         if self.n == 0:
             return ""
+        across = f", {self.across} {'pair' if self.across == 1 else 'pairs'} across machines" if self.across else ""
         if self.n == 1:
-            return f"{self.mean:+.{digits}f} (n = 1)"
-        return f"{self.mean:+.{digits}f} ± {self.std:.{digits}f} (n = {self.n}, {_p_text(self.p)})"
+            return f"{self.mean:+.{digits}f} (n = 1{across})"
+        return f"{self.mean:+.{digits}f} ± {self.std:.{digits}f} (n = {self.n}, {_p_text(self.p)}{across})"
 
 
 def _p_text(p: float) -> str:
@@ -72,25 +79,35 @@ def paired_values(runs: list[dict], factor: float = 1.0, scaled_units: bool = Fa
     return out
 
 
-def paired_difference(cell: dict[int, float], baseline: dict[int, float], higher_is_better: bool) -> Paired:
-    """The paired difference of ``cell`` against ``baseline`` (seed -> value each) over the seeds both have."""
+def paired_machines(runs: list[dict]) -> dict[int, str]:
+    """seed -> the machine each finished run of one cell names (rows from before the column name none)."""
+    return {int(r["seed"]): r["machine"] for r in runs if finished_ok(r) and r.get("machine")}
+
+
+def paired_difference(cell: dict[int, float], baseline: dict[int, float], higher_is_better: bool,
+                      machines: tuple[dict[int, str], dict[int, str]] = ({}, {})) -> Paired:
+    """The paired difference of ``cell`` against ``baseline`` (seed -> value each) over the seeds both have;
+    ``machines`` (seed -> machine, of each; :func:`paired_machines`) counts the pairs that cross machines."""
     from scipy import stats
 
     sign = 1.0 if higher_is_better else -1.0
-    d = [sign * (cell[s] - baseline[s]) for s in sorted(set(cell) & set(baseline))]
+    seeds = sorted(set(cell) & set(baseline))
+    d = [sign * (cell[s] - baseline[s]) for s in seeds]
+    mc, mb = machines
+    across = sum(1 for s in seeds if s in mc and s in mb and mc[s] != mb[s])
     n = len(d)
     if n == 0:
         return Paired(None, None, 0, None)
     mean = sum(d) / n
     if n == 1:
-        return Paired(mean, None, 1, None)
+        return Paired(mean, None, 1, None, across)
     std = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
     if std == 0.0:
         p = 1.0 if mean == 0.0 else 0.0
     else:
         t = mean / (std / math.sqrt(n))
         p = float(2.0 * stats.t.sf(abs(t), n - 1))
-    return Paired(mean, std, n, p)
+    return Paired(mean, std, n, p, across)
 
 
 def mark(paired: Paired, paper: int) -> str:
