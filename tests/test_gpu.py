@@ -159,14 +159,18 @@ def test_empty_rows_are_zero_on_cuda():
         assert all(torch.isfinite(g).all() for g in grads if g is not None), backend
 
 
-@pytest.mark.parametrize("kernel,position", [("rbf", "none"), ("rbf", "shaw"), ("rbf", "xl"),
-                                             ("ikan-direct", "none"), ("mikan:amortized=false", "none"),
-                                             ("ikas:amortized=false", "none")])
-def test_layer_trains_under_bf16_autocast_on_cuda(kernel, position):
+@pytest.mark.parametrize("kernel,position,backend", [
+    ("rbf", "none", "auto"), ("rbf", "shaw", "auto"), ("rbf", "xl", "auto"),
+    ("ikan-direct", "none", "auto"), ("mikan:amortized=false", "none", "auto"),
+    ("ikas:amortized=false", "none", "auto"),
+    ("ikan-direct", "none", "blockwise"), ("mikan:amortized=false", "none", "blockwise")])
+def test_layer_trains_under_bf16_autocast_on_cuda(kernel, position, backend):
     """One KernelAttention layer, forward+backward under bf16 autocast on CUDA: finite, and close to the
-    float32 layer with the same weights (the implicit kernels' log k comes in float32 there)."""
+    float32 layer with the same weights (the implicit kernels' log k comes in float32 there; blockwise's
+    hand-written backward meets it beside bf16 values)."""
     torch.manual_seed(0)
-    layer = ka.KernelAttention(64, 4, kernel=kernel, position=position, filter="causal").to(CUDA).eval()
+    layer = ka.KernelAttention(64, 4, kernel=kernel, position=position, filter="causal", backend=backend)
+    layer = layer.to(CUDA).eval()
     x = torch.randn(2, 50, 64, device=CUDA)
     ref = layer(x)
     with torch.autocast("cuda", dtype=torch.bfloat16):
