@@ -85,11 +85,10 @@ class ResultSet:
 
     def paired(self, table: str, row: str, col: str, base_row: str, base_col: str) -> Paired:
         t = self.study.table(table)
-
-        def values(r: str, c: str) -> dict[int, float]:
-            return paired_values(self.runs(table, r, c), t.scale_factor, t.scaled_units)
-        machines = (paired_machines(self.runs(table, row, col)), paired_machines(self.runs(table, base_row, base_col)))
-        return paired_difference(values(row, col), values(base_row, base_col), t.higher_is_better, machines)
+        cell, base = self.runs(table, row, col), self.runs(table, base_row, base_col)
+        return paired_difference(paired_values(cell, t.scale_factor, t.scaled_units),
+                                 paired_values(base, t.scale_factor, t.scaled_units), t.higher_is_better,
+                                 (paired_machines(cell), paired_machines(base)))
 
     @cached_property
     def marked(self) -> list[Marked]:

@@ -85,7 +85,7 @@ def paired_machines(runs: list[dict]) -> dict[int, str]:
 
 
 def paired_difference(cell: dict[int, float], baseline: dict[int, float], higher_is_better: bool,
-                      machines: tuple[dict[int, str], dict[int, str]] = ({}, {})) -> Paired:
+                      machines: tuple[dict[int, str], dict[int, str]] | None = None) -> Paired:
     """The paired difference of ``cell`` against ``baseline`` (seed -> value each) over the seeds both have;
     ``machines`` (seed -> machine, of each; :func:`paired_machines`) counts the pairs that cross machines."""
     from scipy import stats
@@ -93,7 +93,7 @@ def paired_difference(cell: dict[int, float], baseline: dict[int, float], higher
     sign = 1.0 if higher_is_better else -1.0
     seeds = sorted(set(cell) & set(baseline))
     d = [sign * (cell[s] - baseline[s]) for s in seeds]
-    mc, mb = machines
+    mc, mb = machines or ({}, {})
     across = sum(1 for s in seeds if s in mc and s in mb and mc[s] != mb[s])
     n = len(d)
     if n == 0:
