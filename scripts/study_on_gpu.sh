@@ -32,12 +32,18 @@ PROCS=${PROCS:-4}
 LIMIT=${LIMIT:-420}
 SCALE=${SCALE:-converged}
 PY=${PYTHON:-python3}
-STUDIES=$(mktemp -d)/studies
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-[ -d .data ] && export KERNEL_ATTENTION_DATA="$PWD/.data"
-mkdir -p "$OUT" "$STUDIES/logs"
+ROOT=$PWD
+[[ $PY == */* && $PY != /* ]] && PY=$ROOT/$PY   # a relative path must survive the cd below
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+[ -d .data ] && export KERNEL_ATTENTION_DATA="$ROOT/.data"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/study.log") 2>&1
 [ -d wheels ] && $PY -m pip install -q --no-index --find-links wheels wheels/*.whl
+# the processes run in a scratch folder as `--out studies`, so that the command each result records is the
+# one that reproduces it on any machine
+cd "$(mktemp -d)"
+STUDIES=studies
+mkdir -p "$STUDIES/logs"
 CLI=(-c 'import sys; from kernel_attention.cli import main; sys.exit(main())')
 SETS=("$@")
 [ ${#SETS[@]} -eq 0 ] && SETS=(dissection-positions:t1-sp@5 dissection-kernels:t2-sp@6)
@@ -48,12 +54,12 @@ for set in "${SETS[@]}"; do
     procs=${set##*@}; [ "$procs" = "$set" ] && procs=$PROCS; set=${set%@*}
     name=${set%%:*}; only=${set#*:}; [ "$only" = "$set" ] && only=""
     # the cells published so far are carried in, not trained again
-    published=docs/results/$name-$SCALE/runs.csv
+    published=$ROOT/docs/results/$name-$SCALE/runs.csv
     [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" \
         --import-runs "$published" --collect-only --no-figures | tail -n 1
     for i in $(seq "$procs"); do
         timeout -k 20 -s TERM "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
-            --out "$STUDIES" --checkpoint-minutes 1 --no-figures > "$STUDIES/logs/$name.$i.log" 2>&1 &
+            --out "$STUDIES" --no-figures > "$STUDIES/logs/$name.$i.log" 2>&1 &
         pids+=($!)
     done
 done
@@ -64,4 +70,4 @@ for set in "${SETS[@]}"; do
 done
 find "$STUDIES" -name '*.pt' -delete
 echo "== $(date -u +%H:%M:%S) finished cells: $(find "$STUDIES" -name result.json | wc -l)"
-tar czf "$OUT/studies.tar.gz" -C "$(dirname "$STUDIES")" studies
+tar czf "$OUT/studies.tar.gz" studies

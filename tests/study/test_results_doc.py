@@ -250,6 +250,13 @@ def test_the_scale_changes_come_from_the_code_for_rows_run_with_the_current_conf
     assert fill("{{ wall positions-converged / t1-sp }}", load_manifest(root)) == f"{(180 + 4 * 60) / 5 / 60:.1f} min"
     with pytest.raises(PlaceholderError):
         fill("{{ wall positions-converged / t9 }}", load_manifest(root))
+    for r in rows:   # cells of one table run on a CPU and on a GPU: one mean per machine
+        r["machine"] = "AMD EPYC (AVX512), torch 2.13.0+cpu"
+    rows[4]["machine"] = rows[5]["machine"] = "Intel Xeon, torch 2.11.0+cu130, GPU NVIDIA H100 80GB HBM3"
+    rows[4]["wall_s"] = rows[5]["wall_s"] = 6.0
+    write_csv(path, study, rows)
+    assert fill("{{ wall positions-converged / t1-sp }}", load_manifest(root)) == \
+        f"{(180 + 2 * 60) / 3 / 60:.1f} min on AMD EPYC (AVX512) and 0.1 min on NVIDIA H100 80GB HBM3 (3 and 2 cells)"
     rows[2]["config"] = "0" * 16   # a row run with an earlier configuration of the scale
     write_csv(path, study, rows)
     with pytest.raises(PlaceholderError, match="1 row.* ran with another configuration"):

@@ -5,7 +5,8 @@
                                                          (BROW, BCOL), positive = better (:mod:`.significance`)
     {{ wall SET }}                                       the summed wall time of the set's cells, in minutes
     {{ wall SET / TABLE }}                               the mean wall time of the table's trained cells (those
-                                                         not carried over from a twin), in minutes
+                                                         not carried over from a twin), in minutes; one mean
+                                                         per machine where they ran on several
     {{ cells SET }}                                      the number of runs.csv rows of the set
     {{ stops SET / TABLE }}                              how the table's finished cells stopped: early
                                                          (``train.patience`` validations without a better
@@ -61,11 +62,7 @@ def _value(manifest: Manifest, expr: str) -> str:
             return f"{sum(float(r.get('wall_s') or 0) for r in s.records) / 60:.1f} min"
         if kind == "wall" and len(parts) == 2:
             s.study.table(parts[1])  # KeyError for an unknown table
-            walls = [float(r["wall_s"]) for r in s.records
-                     if r["table"] == parts[1] and float(r.get("wall_s") or 0) > 0]
-            if not walls:
-                raise KeyError(f"table {parts[1]} of {s.name} has no trained cell")
-            return f"{sum(walls) / len(walls) / 60:.1f} min"
+            return _mean_wall(s, parts[1])
         if kind == "stops" and len(parts) == 2:
             s.study.table(parts[1])  # KeyError for an unknown table
             return _stops(s, parts[1])
@@ -96,6 +93,32 @@ def _value(manifest: Manifest, expr: str) -> str:
                            f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., "
                            f"wall SET [/ TABLE], stops SET / TABLE, cells SET, seeds SET, "
                            f"params SET / TABLE / ROW / COL, changes SET)")
+
+
+def machine_label(machine: str) -> str:
+    """A runs.csv ``machine`` as a sentence names it: the GPU where the cells ran on one, else the processor
+    ("AMD EPYC (AVX512), torch 2.13.0+cpu" -> "AMD EPYC (AVX512)"; "..., GPU NVIDIA H100 80GB HBM3" -> "NVIDIA
+    H100 80GB HBM3")."""
+    gpu = machine.rpartition(", GPU ")[2] if ", GPU " in machine else ""
+    return gpu or machine.split(", torch ")[0]
+
+
+def _mean_wall(s, table: str) -> str:
+    """The mean wall time of the table's trained cells (a wall time of 0: carried over from a twin); one
+    mean per machine, each with its cell count, where they ran on more than one (a GPU cell shares its
+    device with others and a CPU cell its cores, so one mean over both would describe neither)."""
+    walls: dict[str, list[float]] = {}
+    for r in s.records:
+        if r["table"] == table and float(r.get("wall_s") or 0) > 0:
+            walls.setdefault(machine_label(r.get("machine") or ""), []).append(float(r["wall_s"]))
+    if not walls:
+        raise KeyError(f"table {table} of {s.name} has no trained cell")
+    if len(walls) == 1:
+        w = next(iter(walls.values()))
+        return f"{sum(w) / len(w) / 60:.1f} min"
+    means = [f"{sum(w) / len(w) / 60:.1f} min on {m or 'a machine not recorded'}" for m, w in sorted(walls.items())]
+    counts = [str(len(w)) for _, w in sorted(walls.items())]
+    return f"{', '.join(means[:-1])} and {means[-1]} ({', '.join(counts[:-1])} and {counts[-1]} cells)"
 
 
 def _grid(s):
