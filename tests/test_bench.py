@@ -32,6 +32,18 @@ def test_bench_times_training_shaped_calls_with_dropout(tmp_path):
     assert all(r.status == "ok" and r.fb_ms > 0 for r in rows), [r.status for r in rows]
 
 
+def test_bench_times_grouped_query_attention_and_refuses_a_bad_head_count(tmp_path, capsys):
+    """--kv-heads gives k and v fewer heads, for every backend and the SDPA baseline (its own enable_gqa)."""
+    out = tmp_path / "bench.md"
+    assert main(["--T", "32", "--B", "1", "--H", "4", "--D", "8", "--kv-heads", "2", "--kernels", "exp",
+                 "--positions", "xl", "--backends", "dense", "--repeats", "1", "--threads", "1",
+                 "--out", str(out)]) == 0
+    assert "2 key/value heads" in out.read_text()
+    rows = load([str(out) + ".json"])
+    assert {r.backend for r in rows} == {"torch-sdpa", "dense"} and all(r.status == "ok" for r in rows)
+    assert main(["--H", "4", "--kv-heads", "3"]) == 2 and "--kv-heads must be a divisor" in capsys.readouterr().err
+
+
 def test_report_ratios_and_targets():
     r = [Result(4096, "exp", "none", "full", "torch-sdpa", 1.0, 2.0, 10.0),
          Result(4096, "exp", "shaw", "full", "dense", 20.0, 40.0, 1000.0, sdpa_fwd_ms=1.0, sdpa_fb_ms=2.0),

@@ -61,6 +61,13 @@ def test_dynamic_shapes_compile_once_for_every_length(kernel, position, filt):
             torch.testing.assert_close(y, layer(x), atol=1e-4, rtol=1e-4)
 
 
+def test_grouped_query_attention_compiles_fullgraph():
+    """Two key/value heads for four query heads: one fused call on the grouped heads (``enable_gqa``)."""
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(D_MODEL, HEADS, kv_heads=2, kernel="exp", filter="causal")
+    _compare(layer, torch.randn(2, 16, D_MODEL))
+
+
 def test_transformer_block_compiles_fullgraph():
     torch.manual_seed(0)
     block = ka.TransformerBlock(D_MODEL, HEADS, 64, attention=dict(kernel="rbf", position="xl", filter="causal"))

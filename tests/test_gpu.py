@@ -150,6 +150,22 @@ def test_cuda_dispatch_names_its_backend():
     assert "CPU" in c.reasons["banded"] and "shaw clipped" not in str(c)  # banded: CPU only
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kernel,causal", [("exp", True), ("rbf", False)])
+def test_grouped_heads_on_cuda_match_the_heads_repeated(kernel, causal, dtype):
+    """sdpa takes 2 key/value heads for 8 query heads (CUDA's enable_gqa) as the CPU does; against dense on
+    the heads repeated, values and gradients."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 64, 16, generator=g).to(CUDA, dtype).requires_grad_() for n in (8, 2, 2))
+    out = attention(q, k, v, kernel=kernel, is_causal=causal, enable_gqa=True, backend="sdpa")
+    ref = attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), kernel=kernel, is_causal=causal,
+                    backend="dense")
+    w = torch.randn(out.shape, generator=g).to(CUDA, dtype)
+    for a, b in zip((out, *torch.autograd.grad((out * w).sum(), (q, k, v))),
+                    (ref, *torch.autograd.grad((ref * w).sum(), (q, k, v)))):
+        assert float((a - b).float().norm() / b.float().norm()) < TOL[dtype]
+
+
 def test_empty_rows_are_zero_on_cuda():
     km = torch.ones(B, 40, dtype=torch.bool)
     km[0] = False

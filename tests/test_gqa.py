@@ -46,6 +46,7 @@ def test_explain_takes_it_and_bad_head_counts_are_named():
     q, k, v = _qkv()
     assert ka.explain(q, k, v, enable_gqa=True).name == ka.explain(q, k.repeat_interleave(4, 1),
                                                                    v.repeat_interleave(4, 1)).name
+    assert "on the grouped key/value heads" in ka.explain(q, k, v, enable_gqa=True).reasons["sdpa"]
     with pytest.raises(ValueError, match="pass enable_gqa=True for grouped-query attention"):
         ka.attention(q, k, v)
     q3, k3, v3 = _qkv(h=8, hkv=3)
@@ -85,3 +86,44 @@ def test_kv_heads_must_divide_the_heads_and_cannot_be_symmetric():
         ka.KernelAttention(16, 4, kv_heads=2, symmetric=True)
     block = ka.TransformerBlock(16, 4, 32, attention=dict(kernel="exp", kv_heads=1))  # one key/value head (MQA)
     assert block.self_attn.k_proj.out_features == 4 and block(torch.randn(1, 5, 16)).shape == (1, 5, 16)
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """The (k heads, enable_gqa) of every fused-attention call the ``sdpa`` backend makes."""
+    from kernel_attention.backends import sdpa
+
+    calls, fused = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        calls.append((k.shape[1], kwargs.get("enable_gqa", False)))
+        return fused(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("kernel,mask,padded", [("exp", "causal", False), ("rbf", None, True),
+                                                ("periodic", None, False)])
+def test_sdpa_takes_the_grouped_heads_without_repeating_them(sdpa_calls, kernel, mask, padded):
+    """One fused call on H_kv key/value heads with ``enable_gqa``, equal to dense on the heads repeated."""
+    q, k, v = _qkv(h=6, hkv=2, tq=9, tk=9)
+    key_mask = torch.tensor([[True] * 9, [True] * 5 + [False] * 4]) if padded else None
+    ours = ka.attention(q, k, v, kernel=kernel, mask=mask, key_mask=key_mask, enable_gqa=True, backend="sdpa")
+    assert sdpa_calls == [(2, True)]
+    ref = ka.attention(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), kernel=kernel, mask=mask,
+                       key_mask=key_mask, backend="dense")
+    torch.testing.assert_close(ours, ref)
+    for a, b in zip(_grads(ours, q, k, v), _grads(ref, q, k, v)):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_module_runs_grouped_on_sdpa_and_repeats_for_per_head_positional_features(sdpa_calls):
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    ka.KernelAttention(16, 4, kv_heads=2, kernel="exp", filter="causal")(x)
+    assert sdpa_calls == [(2, True)]
+    sdpa_calls.clear()
+    # product's key-side positional features are per query head: concatenated to k, they need all H heads
+    ka.KernelAttention(16, 4, kv_heads=2, kernel="exp", position="product", backend="sdpa")(x)
+    assert sdpa_calls == [(4, False)]

@@ -118,8 +118,9 @@ def check_finite(tensors: dict, neg_inf: bool = False) -> None:
                                  + (" (-inf drops a key; NaN and +inf are not accepted)" if neg_inf else ""))
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
-    """Raise a clear error for tensors that do not fit (B, H, Tq, D), (B, H, Tk, D), (B, H, Tk, Dv)."""
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True, groups: int = 1) -> None:
+    """Raise a clear error for tensors that do not fit (B, H, Tq, D), (B, H_kv, Tk, D), (B, H_kv, Tk, Dv),
+    H = ``groups`` · H_kv (grouped-query attention, :func:`kv_groups`; 1: the same heads)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -127,7 +128,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
             raise ValueError(f"{name} must have 4 dims (B, H, T, D), got shape {tuple(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+    if (q.shape[0], q.shape[1]) != (k.shape[0], k.shape[1] * groups) or k.shape[:2] != v.shape[:2]:
         gqa = q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0
         raise ValueError(f"q, k, v must share (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
                          + ("; pass enable_gqa=True for grouped-query attention" if gqa else ""))
@@ -143,17 +144,18 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True) -> None:
         check_finite({"q": q, "k": k, "v": v})
 
 
-def expand_kv_heads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def kv_groups(q: Tensor, k: Tensor, v: Tensor) -> int:
     """Grouped-query attention, as SDPA's ``enable_gqa``: k (B, H_kv, Tk, D) and v (B, H_kv, Tk, Dv) with H_kv
-    dividing q's H heads, repeated to H heads so that query heads g·H/H_kv .. (g+1)·H/H_kv - 1 share key/value
-    head g (``repeat_interleave(H // H_kv, dim=1)``; the gradient sums over each group)."""
-    if k.dim() != 4 or v.dim() != 4 or q.dim() != 4:
-        return k, v  # check_inputs names the tensor of the wrong rank
+    dividing q's H heads, query heads g·H/H_kv .. (g+1)·H/H_kv - 1 sharing key/value head g.  Returns
+    H / H_kv, the query heads per key/value head (a backend that cannot take the groups repeats k and v so,
+    :meth:`~kernel_attention.backends.Problem.grouped_kv`)."""
+    if not all(isinstance(x, Tensor) and x.dim() == 4 for x in (q, k, v)):
+        return 1  # check_inputs names the tensor of the wrong type or rank
     h, hk = q.shape[1], k.shape[1]
     if hk != v.shape[1] or hk == 0 or h % hk:
         raise ValueError(f"enable_gqa needs k and v with the same number of heads H_kv, a divisor of q's H: got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    return k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
+    return h // hk
 
 
 def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
@@ -299,9 +301,8 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     (``explain`` and ``choose_backend``, which describe from the filter's kind and row bounds)."""
     from kernel_attention.backends import Problem
 
-    if enable_gqa:
-        k, v = expand_kv_heads(q, k, v)
-    check_inputs(q, k, v)
+    groups = kv_groups(q, k, v) if enable_gqa else 1
+    check_inputs(q, k, v, groups=groups)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     kern = _from_spec("kernel", kernel, make_kernel, _stateless)
@@ -314,7 +315,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
         total = sum(extra[1:], extra[0])
         terms = dataclasses.replace(terms, bias=total if terms.bias is None else terms.bias + total)
     return Problem(q, k, v, kern, keep=keep, filter=filt, key_mask=key_mask, terms=terms,
-                   dropout_p=dropout_p, need_weights=need_weights, keep_fn=keep_fn)
+                   dropout_p=dropout_p, need_weights=need_weights, keep_fn=keep_fn, kv_groups=groups)
 
 
 def choose_backend(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,

@@ -1,7 +1,8 @@
 r"""What every attention backend receives and promises.
 
 A :class:`Problem` is one call of the kernel smoother after the inputs were checked and the filter
-resolved: per-head q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv), a :class:`Kernel`, the bool
+resolved: per-head q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) (under grouped-query attention k and v
+hold H / ``kv_groups`` heads until a backend reads them, :meth:`Problem.grouped_kv`), a :class:`Kernel`, the bool
 ``keep`` mask (True = the key takes part, broadcastable to (B, H, Tq, Tk), or None for every key),
 the filter it came from, the positional terms, dropout and whether the weights are wanted.
 
@@ -50,11 +51,19 @@ class Problem:
     #: forms ``keep`` when it is first read.  ``explain`` defers the (Tq, Tk) mask of a structured filter so:
     #: the checks read the filter's kind and row bounds (:func:`row_bounds`) and the problem's shape instead
     keep_fn: Callable[[], Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: query heads per key/value head of the k and v held (grouped-query attention); 1 once they are repeated
+    kv_groups: int = 1
+
+    def grouped_kv(self) -> tuple[Tensor, Tensor, int]:
+        """(k, v, groups) as held, without repeating them: k (B, H / groups, Tk, D), v (B, H / groups, Tk, Dv).
+        A backend that runs grouped heads itself (SDPA's ``enable_gqa``) reads them so; reading ``k`` or ``v``
+        repeats each head ``groups`` times first (query head h reads key/value head h // groups)."""
+        return self.__dict__["_k"], self.__dict__["_v"], self.kv_groups
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """(B, H, Tq, Tk)."""
-        return self.q.shape[0], self.q.shape[1], self.q.shape[2], self.k.shape[2]
+        return self.q.shape[0], self.q.shape[1], self.q.shape[2], self.__dict__["_k"].shape[2]
 
     @property
     def pairs(self) -> int:
@@ -95,9 +104,28 @@ def _set_keep(p: Problem, keep: Tensor | None) -> None:
     p.__dict__["_keep"] = keep
 
 
+def _expanded(p: Problem, name: str) -> Tensor:
+    if p.__dict__.get("kv_groups", 1) > 1:
+        g = p.kv_groups
+        p.__dict__["_k"] = p.__dict__["_k"].repeat_interleave(g, dim=1)
+        p.__dict__["_v"] = p.__dict__["_v"].repeat_interleave(g, dim=1)
+        p.kv_groups = 1
+    return p.__dict__[name]
+
+
+def _setter(name: str):
+    def put(p: Problem, x: Tensor) -> None:
+        p.__dict__[name] = x
+    return put
+
+
 # Set after the dataclass is made: a property in the class body would be taken for the field's default.
 Problem.keep = property(_get_keep, _set_keep, doc="The bool keep mask (True = the key takes part), broadcastable "
                         "to (B, H, Tq, Tk), or None for every key; formed by ``keep_fn`` when first read.")
+Problem.k = property(lambda p: _expanded(p, "_k"), _setter("_k"),
+                     doc="(B, H, Tk, D) keys; grouped heads are repeated when first read (:meth:`grouped_kv`).")
+Problem.v = property(lambda p: _expanded(p, "_v"), _setter("_v"),
+                     doc="(B, H, Tk, Dv) values; grouped heads are repeated when first read (:meth:`grouped_kv`).")
 
 
 def row_bounds(p: Problem) -> tuple[Tensor, Tensor] | None:
@@ -183,12 +211,13 @@ def as_float_mask(keep: Tensor, dtype) -> Tensor:
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
 
 
-def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True):
+def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True, k: Tensor | None = None):
     """(q', k', scale, key bias or None) with log k = scale · <q', k'> + key bias (+ per-row constants),
     the positional features of ``product`` concatenated unless ``positions`` is False:
     [q'; q_feat / scale] · [k'; k_feat] · scale adds <q_feat, k_feat>.  (None, None, 1.0, None) for a
-    kernel without SDPA features."""
-    form = sdpa_form(p.kernel, p.q, p.k, key_bias=key_bias)
+    kernel without SDPA features.  ``k``: the keys to use instead of ``p.k`` (grouped heads, whose features
+    are formed per key head: the SDPA forms are per token)."""
+    form = sdpa_form(p.kernel, p.q, p.k if k is None else k, key_bias=key_bias)
     if form is None:
         return None, None, 1.0, None
     qf, kf, scale, t = form.q, form.k, form.scale, p.terms

@@ -81,8 +81,10 @@ def run_cell(cell: dict) -> dict:
     dev = torch.device(cell["device"])
     dtype = getattr(torch, cell["dtype"])
     b, h, t, d = cell["B"], cell["H"], cell["T"], cell["D"]
+    hk = cell.get("kv_heads") or h  # grouped-query attention: k and v with fewer heads, for ours and SDPA alike
+    gqa = {"enable_gqa": True} if hk != h else {}
     torch.manual_seed(0)
-    q, k, v = (torch.randn(b, h, t, d, device=dev, dtype=dtype).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(b, n, t, d, device=dev, dtype=dtype).requires_grad_() for n in (h, hk, hk))
     gout = torch.randn(b, h, t, d, device=dev, dtype=dtype)
     filt = FILTER_SPECS.get(cell["filter"], cell["filter"])
     backend = cell["backend"]
@@ -96,7 +98,7 @@ def run_cell(cell: dict) -> dict:
     drop = cell.get("dropout", 0.0)
 
     def sdpa():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=drop)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=drop, **gqa)
     if backend == BASELINE:
         fn = sdpa
         params = []
@@ -111,7 +113,7 @@ def run_cell(cell: dict) -> dict:
         def fn():
             with validation(cell.get("checks", True)):
                 return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=backend,
-                                 dropout_p=drop)
+                                 dropout_p=drop, **gqa)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
@@ -248,6 +250,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--H", type=int, default=8)
     p.add_argument("--D", type=int, default=64)
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="key/value heads, a divisor of H (grouped-query attention, ours and SDPA's; default H)")
     p.add_argument("--kernels", nargs="+", help="kernel specs; with --positions/--filters: their full product "
                    "(default: the target variants of docs/benchmarks.md)")
     p.add_argument("--positions", nargs="+", help="positional schemes (default none)")
@@ -268,6 +272,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    if args.kv_heads is not None and not (args.kv_heads >= 1 and args.H % args.kv_heads == 0):
+        print(f"kernel-attention bench: --kv-heads must be a divisor of --H={args.H} (key/value heads shared by "
+              f"H / kv-heads query heads each), got {args.kv_heads}", file=sys.stderr)
+        return 2
     if args.kernels or args.positions or args.filters:
         variants = list(itertools.product(args.kernels or ["exp"], args.positions or ["none"],
                                           args.filters or ["full"]))
@@ -278,7 +286,8 @@ def run(args) -> int:
     results: list[Result] = []
     started = time.time()
     for t in args.T:
-        common = dict(T=t, B=args.B, H=args.H, D=args.D, threads=threads, device=args.device, dtype=dtype,
+        common = dict(T=t, B=args.B, H=args.H, D=args.D, kv_heads=args.kv_heads, threads=threads,
+                      device=args.device, dtype=dtype,
                       checks=not args.no_checks, dropout=args.dropout,
                       repeats=args.repeats if t < 4096 else max(1, args.repeats - 1))
         for filt in dict.fromkeys(f for _, _, f in variants):
@@ -310,6 +319,7 @@ def _write(args, results: list[Result], threads: int, dtype: str, started: float
         with open(args.out, "w") as f:
             f.write(f"Command: `{cmd}`\n\nMachine: {machine(threads)}\n\nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                     f"wall time {time.time() - started:.0f} s, dtype {dtype}, B={args.B}, H={args.H}, D={args.D}, "
+                    f"{'' if args.kv_heads in (None, args.H) else f'{args.kv_heads} key/value heads, '}"
                     f"dropout {args.dropout:g}\n\n")
             f.write(text + "\n")
         with open(args.out + ".json", "w") as f:

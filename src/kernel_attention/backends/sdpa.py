@@ -37,6 +37,19 @@ def shared_positions(p: Problem) -> bool:
             and p.shape[0] > 1)
 
 
+#: ``scaled_dot_product_attention(enable_gqa=True)``, from PyTorch 2.5
+NATIVE_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+def _runs_grouped(p: Problem, key_bias: str) -> bool:
+    """Whether one SDPA call takes the problem's grouped key/value heads as they are: the fused kernel's own
+    ``enable_gqa``, with no per-head term on the key side (``product``'s positional features are per query
+    head) and no key bias, whose hand-written backward runs full heads."""
+    t = p.terms
+    per_head = t is not None and t.k_feat is not None and t.k_feat.shape[1] != 1
+    return NATIVE_GQA and not per_head and sdpa_layout(p.kernel, key_bias) != "bias"
+
+
 @BACKENDS.register("sdpa", [
     Param("key_bias", str, "features", choices=("features", "mask"),
           doc="a per-key log-kernel term (rbf's -s||k||^2) as an augmented feature or as the bias of the fused "
@@ -83,10 +96,14 @@ class SdpaBackend(Backend):
         how = "key bias" if sdpa_layout(p.kernel, self.key_bias) == "bias" else "features"
         extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
         mask = ", causal" if not p.full and not p.key_only else (", padding mask" if not p.full else "")
-        return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}"
+        grouped = ", on the grouped key/value heads" if p.kv_groups > 1 and _runs_grouped(p, self.key_bias) else ""
+        return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}{grouped}"
 
     def run(self, p: Problem):
-        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias)
+        k, v, groups = p.grouped_kv()
+        if groups > 1 and not _runs_grouped(p, self.key_bias):
+            k, v, groups = p.k, p.v, 1
+        qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, k=k)
         km = key_only_mask(p)
         is_causal = p.keep is not None and km is None
         mask = empty = None
@@ -95,13 +112,14 @@ class SdpaBackend(Backend):
             mask = torch.zeros(km.shape, dtype=qf.dtype, device=qf.device).masked_fill(~km, big)
             empty = ~km.any(-1, keepdim=True)  # (B|1, H|1, 1, 1)
         if key_bias is not None:
-            out = KeyBiasSDPA.apply(qf, kf, p.v, key_bias, mask, is_causal, scale)
+            out = KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale)
         else:
-            dv = p.v.shape[-1]
+            dv = v.shape[-1]
             d = max(qf.shape[-1], dv)
             if p.q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
                 d = -(-d // 8) * 8
-            out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(p.v, d), attn_mask=mask,
-                                                 dropout_p=p.dropout_p, is_causal=is_causal, scale=scale)
+            gqa = {"enable_gqa": True} if groups > 1 else {}
+            out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d), attn_mask=mask,
+                                                 dropout_p=p.dropout_p, is_causal=is_causal, scale=scale, **gqa)
             out = out if d == dv else out[..., :dv]
         return (out if empty is None else out.masked_fill(empty, 0.0)), None

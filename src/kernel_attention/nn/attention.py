@@ -111,15 +111,14 @@ class KernelAttention(nn.Module):
         self.backend = backend
 
     def _heads(self, x: Tensor) -> Tensor:
-        """(B, T, h·d) -> (B, H, T, d); key/value heads (h = H_kv) repeated for their H / H_kv query heads."""
+        """(B, T, h·d) -> (B, h, T, d)."""
         b, t, _ = x.shape
-        h = x.shape[-1] // self.d_head
-        x = x.view(b, t, h, self.d_head).transpose(1, 2)
-        return x.repeat_interleave(self.n_heads // h, dim=1) if h != self.n_heads else x
+        return x.view(b, t, x.shape[-1] // self.d_head, self.d_head).transpose(1, 2)
 
     def project(self, query: Tensor, key: Tensor, pos_q: Tensor, pos_k: Tensor, offset: int | None = None):
-        """Per-head q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, d) and the positional terms (``offset``:
-        the positions are the defaults, :meth:`PositionScheme.terms`)."""
+        """Per-head q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, d) and the positional terms
+        (``offset``: the positions are the defaults, :meth:`PositionScheme.terms`); H_kv = ``kv_heads``, each
+        key/value head shared by H / H_kv consecutive query heads."""
         fq = self.position.inputs(query, pos_q)
         fk = self.position.inputs(key, pos_k)
         q, k = self._heads(self.q_proj(fq)), self._heads(self.k_proj(fk))
@@ -180,7 +179,7 @@ class KernelAttention(nn.Module):
             check_broadcast("mask", bias, q, k)  # named as the caller passed it; attention() checks it as a bias
             out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
                                       dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-                                      backend=self.backend)
+                                      enable_gqa=self.kv_heads != self.n_heads, backend=self.backend)
         out, weights = out if need_weights else (out, None)
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))

@@ -95,7 +95,8 @@ class PositionScheme(nn.Module):
 
     def terms(self, q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor,
               offset: int | None = None) -> PositionalTerms | None:
-        """log k_T for per-head q (B, H, Tq, d), k (B, H, Tk, d); positions (Bp, T, A) integer.
+        """log k_T for per-head q (B, H, Tq, d), k (B, H_kv, Tk, d) (H_kv dividing H: grouped-query attention,
+        key head h // (H / H_kv) serving query head h); positions (Bp, T, A) integer.
 
         ``offset``: when not None, the positions are the defaults of one axis, t_k = j and t_q = offset + i
         (:func:`default_positions`), which the scheme then need not read: no value goes back to the host,
@@ -207,7 +208,8 @@ class XLPosition(PositionScheme):
         scale = 1.0 / math.sqrt(d)
         # u·k as a product and a sum, not an einsum: the einsum's backward is an outer product through bmm and a
         # permuting copy, about 3x slower
-        key_bias = (k * (self.u.to(q.dtype) * scale)[None, :, None, :]).sum(-1).unsqueeze(-2)
+        u = (self.u.to(q.dtype) * scale).view(k.shape[1], -1, 1, d)  # (H_kv, H / H_kv, 1, d): u by key head
+        key_bias = (k.unsqueeze(2) * u).sum(-1).flatten(1, 2).unsqueeze(-2)  # (B, H, 1, Tk)
         qv = torch.add((self.v.to(q.dtype) * scale)[None, :, None, :], q, alpha=scale)  # (q + v)·scale, one pass
         rel = []
         for a, r_net in enumerate(self.r_net):
