@@ -95,7 +95,7 @@ def _value(manifest: Manifest, expr: str) -> str:
                            f"params SET / TABLE / ROW / COL, changes SET)")
 
 
-def machine_label(machine: str) -> str:
+def _machine_label(machine: str) -> str:
     """A runs.csv ``machine`` as a sentence names it: the GPU where the cells ran on one, else the processor
     ("AMD EPYC (AVX512), torch 2.13.0+cpu" -> "AMD EPYC (AVX512)"; "..., GPU NVIDIA H100 80GB HBM3" -> "NVIDIA
     H100 80GB HBM3")."""
@@ -110,14 +110,15 @@ def _mean_wall(s, table: str) -> str:
     walls: dict[str, list[float]] = {}
     for r in s.records:
         if r["table"] == table and float(r.get("wall_s") or 0) > 0:
-            walls.setdefault(machine_label(r.get("machine") or ""), []).append(float(r["wall_s"]))
+            walls.setdefault(_machine_label(r.get("machine") or ""), []).append(float(r["wall_s"]))
     if not walls:
         raise KeyError(f"table {table} of {s.name} has no trained cell")
     if len(walls) == 1:
         w = next(iter(walls.values()))
         return f"{sum(w) / len(w) / 60:.1f} min"
-    means = [f"{sum(w) / len(w) / 60:.1f} min on {m or 'a machine not recorded'}" for m, w in sorted(walls.items())]
-    counts = [str(len(w)) for _, w in sorted(walls.items())]
+    by_machine = sorted(walls.items())
+    means = [f"{sum(w) / len(w) / 60:.1f} min on {m or 'a machine not recorded'}" for m, w in by_machine]
+    counts = [str(len(w)) for _, w in by_machine]
     return f"{', '.join(means[:-1])} and {means[-1]} ({', '.join(counts[:-1])} and {counts[-1]} cells)"
 
 
