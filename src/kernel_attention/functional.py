@@ -340,8 +340,8 @@ def explain(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=
           dense: chosen: materialises the (Tq, Tk) kernel matrix
 
     A mask given by name is described from the filter's row bounds, not formed (``build_problem``'s
-    ``defer_mask``): memory O(Tq + Tk) for it, except where the squared backend checks a filter whose queries
-    keep more than one range of keys (strided, fixed, a union).
+    ``defer_mask``): memory O(Tq + Tk) for it (a sparse pattern's kept keys come from its tiles), except where
+    the squared backend checks a union of filters (``|``), whose mask it forms.
     """
     from kernel_attention.backends import choose
 
