@@ -17,8 +17,8 @@
 #
 # Two files come back under $OUT: study.log and studies.tar.gz, the studies folder with each process's log and
 # without checkpoints (*.pt), so a cell stopped before it finished starts again next window, and a finished one is
-# complete in its result.json and metrics.jsonl.  Unpack it here and copy the cells that trained there (the folders
-# of <study>-converged/cells/ with a metrics.jsonl) into the studies folder the CPU runs use, then collect there.
+# complete in its result.json and metrics.jsonl.  `bash scripts/import_cells.sh PATH/studies.tar.gz` here brings
+# the finished cells into the studies folder the CPU runs use and collects their studies.
 #
 # The machine has only the repository: the data root is .data/ in it when there is one (git-ignored; copy
 # ../shared/data/multi30k-de-en and wikitext-2 there and carry it), else $KERNEL_ATTENTION_DATA or ../shared/data.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,45 @@ def test_the_gpu_window_defaults_name_sp_cells():
         assert cells, entry
         assert all(c.table.endswith("-sp") for c in cells), entry
         assert entry.rpartition("@")[2].isdigit(), f"{entry}: no process count"
+
+
+def _cell(folder: Path, status: str | None = None, **files: str) -> Path:
+    folder.mkdir(parents=True)
+    if status is not None:
+        (folder / "result.json").write_text(f'{{"status": "{status}", "test": 1.0}}')
+    for name, text in files.items():
+        (folder / name.replace("_", ".")).write_text(text)
+    return folder
+
+
+def test_import_cells_brings_finished_cells_and_leaves_the_rest(tmp_path):
+    """A window's studies folder, tarred: finished cells come in with their logs, a failed one does not, a cell
+    finished here is not overwritten, and a cell started here keeps its checkpoint aside."""
+    if shutil.which("bash") is None or shutil.which("flock") is None or shutil.which("tar") is None:
+        pytest.skip("needs bash, flock and tar")
+    there = tmp_path / "there" / "studies" / "dissection-positions-converged" / "cells"
+    _cell(there / "a", "ok", metrics_jsonl="there", config_yaml="cfg")
+    _cell(there / "b", "error", metrics_jsonl="there")
+    _cell(there / "c", "ok", metrics_jsonl="there")
+    _cell(there / "d", "ok", metrics_jsonl="there")
+    _cell(there / "e", None, metrics_jsonl="unfinished")
+    _cell(there / "f", "ok", metrics_jsonl="there")
+    here = tmp_path / "here" / "dissection-positions-converged" / "cells"
+    _cell(here / "c", "ok", metrics_jsonl="here")
+    _cell(here / "d", None, metrics_jsonl="here", last_pt="checkpoint")
+    lock = open(_cell(here / "f", None, metrics_jsonl="here") / "running.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # a process here is training f
+    subprocess.run(["tar", "czf", str(tmp_path / "studies.tar.gz"), "-C", str(tmp_path / "there"), "studies"],
+                   check=True)
+    out = subprocess.run(["bash", str(SCRIPTS / "import_cells.sh"), str(tmp_path / "studies.tar.gz")],
+                         env={"OUT": str(tmp_path / "here"), "KA": "true", "PYTHON": sys.executable,
+                              "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True).stdout
+    lock.close()
+    assert (here / "a" / "metrics.jsonl").read_text() == "there" and (here / "a" / "config.yaml").exists()
+    assert not (here / "b").exists() and not (here / "e").exists()
+    assert (here / "c" / "metrics.jsonl").read_text() == "here"
+    assert (here / "d" / "metrics.jsonl").read_text() == "there" and (here / "d" / "result.json").exists()
+    assert (here / "d" / "last.pt.replaced").read_text() == "checkpoint" and not (here / "d" / "last.pt").exists()
+    assert "dissection-positions-converged/a: imported" in out and "c: finished here already" in out
+    assert "b: did not finish ok there, not imported" in out
+    assert (here / "f" / "metrics.jsonl").read_text() == "here" and "f: being trained here" in out
