@@ -432,3 +432,18 @@ def test_rows_run_to_a_smaller_step_limit_are_named_and_their_stops_read_against
         f"1 of {len(sp)} stopped early, after {old - 1000} updates, once 3 validations in a row had not improved; "
         f"{len(sp) - 1} ran to the step limit ({old}-{limit} updates), {len(sp) - 1} of them with their best validation "
         f"at the last evaluation")
+
+
+def test_the_wall_time_line_names_the_machine_of_the_cells_trained_for_the_set(tmp_path):
+    """A cell carried over from a twin that trained on another machine (a GPU) does not make the machine of the
+    set's own cells unknown."""
+    root = _one_converged_set(tmp_path, better=1.0)
+    path = root / "positions-converged" / "runs.csv"
+    rows = read_csv(path)
+    for r in rows:
+        r["machine"] = "AMD EPYC (AVX512), torch 2.13.0+cpu"
+    rows[0].update(machine="Intel Xeon, torch 2.11.0+cu130, GPU NVIDIA H100 80GB HBM3", wall_s=0.0,
+                   same_config_as="other-converged/t1-sp__vaswani__sp__s1")
+    write_csv(path, get_study("dissection-positions"), rows)
+    line = next(x for x in render_page(root).splitlines() if x.startswith("Wall time of the cells"))
+    assert line.startswith("Wall time of the cells (sum): 5.0 min on AMD EPYC (AVX512), torch 2.13.0+cpu."), line

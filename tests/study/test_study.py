@@ -437,6 +437,9 @@ def test_wall_time_line_names_each_machine_the_cells_ran_on():
     carried = render_tables(study, runs[:2] + [twin], [], "small", wall_s=900, machine="host")
     assert ("Wall time of the cells (sum): 15.0 min on host. 1 cell carried over from a run of the same "
             "configuration, not counted.") in carried
+    only = render_tables(study, [twin], [], "small", wall_s=0, machine="host")
+    assert ("Wall time of the cells: none trained for this set yet. 1 cell carried over from a run of the same "
+            "configuration, not counted.") in only
 
 
 def test_regression_study_runs_the_gp_rows_on_the_attention_rows_splits():

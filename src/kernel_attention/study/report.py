@@ -103,6 +103,8 @@ def _wall_line(results: list[dict], wall_s: float, machine: str, earlier_machine
     carried = sum(1 for r in results if r.get("same_config_as"))
     results = [r for r in results if not r.get("same_config_as")]
     tail = f" {_cells(carried)} carried over from a run of the same configuration, not counted." if carried else ""
+    if carried and not results:
+        return "Wall time of the cells: none trained for this set yet." + tail
     return _machine_sums(results, wall_s, machine, earlier_machine) + tail
 
 
