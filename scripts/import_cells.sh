@@ -19,6 +19,7 @@ PY=${PYTHON:-python3}
 src=${1:?usage: import_cells.sh STUDIES.tar.gz|STUDIES_DIR}
 if [ -f "$src" ]; then
     tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
     tar xzf "$src" -C "$tmp"
     src=$tmp/studies
 fi
@@ -53,9 +54,10 @@ for res in "$src"/*/cells/*/result.json; do
     sets[$set_dir]=1
 done
 for set_dir in "${!sets[@]}"; do
-    name=$set_dir scale=small
-    for s in converged paper; do
-        [[ $set_dir == *-$s ]] && name=${set_dir%-$s} scale=$s
-    done
+    case $set_dir in  # a study's folder is NAME at the small scale, NAME-SCALE at the others
+        *-converged) name=${set_dir%-converged} scale=converged ;;
+        *-paper) name=${set_dir%-paper} scale=paper ;;
+        *) name=$set_dir scale=small ;;
+    esac
     "$KA" study "$name" --scale "$scale" --out "$OUT" --collect-only | tail -n 1
 done
