@@ -105,7 +105,7 @@ def _set_keep(p: Problem, keep: Tensor | None) -> None:
 
 
 def _expanded(p: Problem, name: str) -> Tensor:
-    if p.__dict__.get("kv_groups", 1) > 1:
+    if p.kv_groups > 1:
         g = p.kv_groups
         p.__dict__["_k"] = p.__dict__["_k"].repeat_interleave(g, dim=1)
         p.__dict__["_v"] = p.__dict__["_v"].repeat_interleave(g, dim=1)

@@ -127,8 +127,8 @@ def _revisions(s: ResultSet) -> list[str]:
 
 def _section(man: Manifest, s: ResultSet) -> list[str]:
     records = s.records
-    # the machine of the cells trained for this set; those carried over from a twin trained elsewhere, maybe
-    # on another machine, and count no wall time here
+    # the machine of the cells trained for this set: a cell carried over from a twin may have trained on
+    # another machine, and it counts no wall time here
     machines = {r.get("machine") or "" for r in records if not r.get("same_config_as")}
     machine = next(iter(machines)) if len(machines) == 1 else ""
     tables = render_tables(s.study, records, [], s.scale, wall_s=sum(float(r.get("wall_s") or 0)
