@@ -32,7 +32,7 @@ def test_auto_picks_the_expected_backend():
     assert _choice("poly", "causal", t=300, d=24).name == "linear"
     assert "below its crossover with dense (300 keys for F=300)" in _choice("poly", "causal", t=299, d=24).reasons["linear"]
     assert linear_crossover(300, "cpu") == 300 and linear_crossover(64, "cpu") == 256
-    assert linear_crossover(64, "cuda") == 8192 and linear_crossover(4096, "cuda") == 4 * 4096
+    assert linear_crossover(64, "cuda") == 4096 and linear_crossover(4096, "cuda") == 4 * 4096
     c = _choice("poly", "local:window=2", t=300, d=4)
     assert c.name == "dense"
     assert "neither full, causal nor padding" in c.reasons["linear"]
@@ -111,6 +111,29 @@ def test_auto_prefers_dense_over_blockwise_on_cuda_where_measured(monkeypatch):
     t_max = int((POLICIES["cuda"].dense_preferred_elements // (B * H)) ** 0.5)
     assert blockwise.declines(_problem("ikas", t=t_max)) is not None
     assert blockwise.declines(_problem("ikas", t=t_max + 1)) is None
+
+
+def test_triton_rules_under_a_policy_that_lets_auto_take_it():
+    """``auto_declines`` (TritonBackend.declines on CUDA), checked on CPU problems under CUDA's policy with
+    ``triton_auto``: dense keeps what the policy measured it faster at (xl factors, kernels without SDPA features,
+    full / causal / padding, within the element budget), FlexAttention the sparse filters without positional
+    terms; Shaw's terms, sparse filters with terms, the implicit kernels past the budget and Transformer-XL past it
+    go to triton.  Without ``triton_auto`` every call is passed over, with the reason."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from kernel_attention.backends.triton_flash import auto_declines
+
+    off = POLICIES["cuda"]
+    on = dataclasses.replace(off, triton_auto=True)
+    assert "not passed their tests" in auto_declines(_problem("exp", "shaw", "causal"), off)
+    for kernel, position, mask in (("exp", "xl", "causal"), ("ikas", "none", None), ("rbf-only", "none", "causal")):
+        assert "dense was faster" in auto_declines(_problem(kernel, position, mask), on), (kernel, position, mask)
+    for mask in ("local:window=4", "strided:stride=4"):
+        assert "FlexAttention" in auto_declines(_problem("exp", "none", mask), on), mask
+    t_max = int((on.dense_preferred_elements // (B * H)) ** 0.5)
+    for kernel, position, mask, t in (("exp", "shaw", "causal", 23), ("exp", "shaw", "local:window=4", 23),
+                                      ("exp", "xl", "local:window=4", 23), ("ikas", "none", "local:window=4", 23),
+                                      ("ikas", "none", None, t_max + 1), ("exp", "xl", "causal", t_max + 1)):
+        assert auto_declines(_problem(kernel, position, mask, t=t), on) is None, (kernel, position, mask, t)
 
 
 def test_magnitude_dropout_rules_by_policy(monkeypatch):

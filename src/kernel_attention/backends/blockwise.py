@@ -23,7 +23,7 @@ from kernel_attention.backends import native
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, sdpa_features
 from kernel_attention.backends.blocked import blocked_spec
 from kernel_attention.backends.chunked import block_spans, chunked_smoother, plan_blocks
-from kernel_attention.backends.policy import block_rows, policy
+from kernel_attention.backends.policy import block_rows, dense_preferred, policy
 from kernel_attention.backends.sdpa import shared_positions
 from kernel_attention.backends.sliced import SliceSpec, kept_blocks, relative_base, sliced_smoother
 from kernel_attention.registry import Param
@@ -85,7 +85,7 @@ class BlockwiseBackend(Backend):
         return block_rows(b, h, tq, tk, budget, pol.max_block_rows)
 
     def declines(self, p: Problem) -> str | None:
-        pol, n, t = policy(p.q.device), p.pairs, p.terms
+        pol, n = policy(p.q.device), p.pairs
         direct_filter = p.full or p.causal or p.key_only
         drops = getattr(p.kernel, "drops_magnitude", False)
         if drops and pol.dropout_blocked_elements is not None and n <= pol.dropout_blocked_elements:
@@ -95,13 +95,8 @@ class BlockwiseBackend(Backend):
                 self._shared(p) or (sdpa_layout(p.kernel) is not None and relative_base(p) is not None)):
             return (f"Tk={p.shape[3]} is below the {pol.sliced_min_keys} keys from which its slice loops run; "
                     f"dense was faster than its blocks at such lengths")
-        if pol.dense_preferred_elements is None or n > pol.dense_preferred_elements or not direct_filter:
-            return None
-        if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
-            return None
-        factors = t is not None and bool(t.relative_factors)
-        if factors or sdpa_layout(p.kernel) is None:
-            what = "Transformer-XL's relative factors" if factors else f"kernel {p.kernel.name!r} has no SDPA features"
+        what = dense_preferred(p, pol)
+        if what is not None:
             return (f"its blocks are launch-bound on this device ({what}); dense was faster up to "
                     f"{pol.dense_preferred_elements} (B, H, Tq, Tk) elements (here {n})")
         return None

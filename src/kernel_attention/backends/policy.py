@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["DevicePolicy", "POLICIES", "policy", "block_rows"]
+__all__ = ["DevicePolicy", "POLICIES", "policy", "block_rows", "dense_preferred"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,8 @@ class DevicePolicy:
     #: Query rows per block of ``banded`` under the full and the causal filter.
     banded_rows_full: int
     banded_rows_causal: int
-    #: Whether ``auto`` takes ``triton`` where it runs a call: only once its kernels were timed on the device.
+    #: Whether ``auto`` takes ``triton`` where it runs a call and no rule of its own passes it over: only once its
+    #: kernels, compiled for the device, have passed their tests there and were timed there.
     triton_auto: bool = False
 
 
@@ -64,7 +65,7 @@ POLICIES: dict[str, DevicePolicy] = {
     "cuda": DevicePolicy(block_elements=1 << 25, shared_block_elements=1 << 25, max_block_rows=256,
                          dense_preferred_elements=1 << 27, sliced_min_keys=None, slice_elements=1 << 24,
                          kept_logits_elements=0, dropout_blocked_elements=None,
-                         squared_dropout_dense_elements=0, linear_min_keys=8192, linear_feature_factor=4,
+                         squared_dropout_dense_elements=0, linear_min_keys=4096, linear_feature_factor=4,
                          scan_elements=1 << 23,
                          banded_rows_full=256, banded_rows_causal=64),
 }
@@ -81,3 +82,23 @@ def block_rows(b: int, h: int, tq: int, tk: int, budget: int, max_rows: int = 25
     (at least 16 rows, at most ``max_rows`` and Tq)."""
     rows = max(16, min(max_rows, budget // max(1, b * h * tk)))
     return min(tq, rows)
+
+
+def dense_preferred(p, pol: DevicePolicy) -> str | None:
+    """What makes ``dense`` the faster choice for problem ``p`` than a blocked or tiled backend under ``pol``, in
+    words, or None: Transformer-XL's relative factors, or a kernel without SDPA features, with no other positional
+    term, under a full, causal or key-only filter, up to ``dense_preferred_elements`` (B, H, Tq, Tk) elements."""
+    from kernel_attention.kernels.capabilities import sdpa_layout
+
+    t = p.terms
+    if pol.dense_preferred_elements is None or p.pairs > pol.dense_preferred_elements:
+        return None
+    if not (p.full or p.causal or p.key_only):
+        return None
+    if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
+        return None
+    if t is not None and t.relative_factors:
+        return "Transformer-XL's relative factors"
+    if sdpa_layout(p.kernel) is None:
+        return f"kernel {p.kernel.name!r} has no SDPA features"
+    return None

@@ -46,14 +46,15 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, sdpa_features, sum_to
-from kernel_attention.backends.policy import policy
+from kernel_attention.backends.flex import flex_why_not
+from kernel_attention.backends.policy import DevicePolicy, dense_preferred, policy
 from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.backends.triton_filters import FIXED, STRIDED, TileFilter, tile_filter
 from kernel_attention.backends.triton_squared import triton_squared_smoother
 from kernel_attention.backends.triton_support import cdiv, kernels, pow2, shaw_terms, triton_why_not
 
-__all__ = ["TritonBackend", "triton_smoother", "flash_forward", "flash_backward", "filter_mask"]
+__all__ = ["TritonBackend", "triton_smoother", "flash_forward", "flash_backward", "filter_mask", "auto_declines"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +263,25 @@ def filter_mask(p: Problem, block: int | None = None, by_keys: bool = False) -> 
     return keep.bool()
 
 
+def auto_declines(p: Problem, pol: DevicePolicy) -> str | None:
+    """Why ``auto`` passes over ``triton`` for ``p`` on a device with policy ``pol``, or None: the policy does not
+    let ``auto`` take it, or a later backend was measured faster (docs/benchmarks.md, "Figures behind the dispatch
+    policy"): ``dense`` for Transformer-XL's term and kernels without SDPA features up to
+    ``dense_preferred_elements``, FlexAttention's block mask for a sparse filter on an exp-family kernel without
+    positional terms."""
+    if not pol.triton_auto:
+        return ("its compiled kernels have not passed their tests on this device yet (docs/benchmarks.md); ask "
+                "for backend='triton' by name")
+    what = dense_preferred(p, pol)
+    if what is not None:
+        return (f"dense was faster up to {pol.dense_preferred_elements} (B, H, Tq, Tk) elements for {what} "
+                f"(here {p.pairs})")
+    sparse = not (p.full or p.causal or p.key_only)
+    if sparse and not p.terms and not has_squared_form(p.kernel) and flex_why_not(p, allow_cpu=True) is None:
+        return "FlexAttention's block mask was faster for a sparse filter without positional terms"
+    return None
+
+
 def _describe_filter(tf: TileFilter, km: Tensor | None) -> str:
     """The filter and the tiles it skips, in words."""
     names = [n for n in dict.fromkeys(tf.names) if n != "padding"]
@@ -300,10 +320,7 @@ class TritonBackend(Backend):
     def declines(self, p: Problem) -> str | None:
         if p.q.device.type == "cpu":
             return "Triton's interpreter is for tests; ask for backend='triton' by name"
-        if not policy(p.q.device).triton_auto:
-            return ("its kernels have not been timed on this device (docs/benchmarks.md); ask for "
-                    "backend='triton' by name")
-        return None
+        return auto_declines(p, policy(p.q.device))
 
     def describe(self, p: Problem) -> str:
         block = _block(p, self.block)

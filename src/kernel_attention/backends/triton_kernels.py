@@ -20,6 +20,9 @@ it (:mod:`~kernel_attention.backends.triton_filters`), with d = i + off - j, off
 
 Tiles outside the band are never visited (:func:`_key_range`, :func:`_query_range`), nor a tile the pattern
 cannot keep (:func:`_tile_meets`) nor a key tile whose mask is all False; partial tiles are masked per pair.
+Without a pattern or a key mask every tile of the band's range is read, which each loop fixes at compile time
+(``PAT == 0 and not HAS_KM``) rather than testing it per tile: with no branch around a tile's loads, Triton
+pipelines them (the next tiles are copied while the current one computes).
 
 Forward (one program per (query tile, batch·head)): online soft-max in base 2 (p = 2^(log2(e)·s - m)),
 writes out (B·H, Tq, Dv) and the row log-sum-exp lse2 = m + log2(l) (B·H, Tq), +inf for a row with no
@@ -154,16 +157,24 @@ def _row_table(X, bh, offs_m, offs_n, idx, Tq, Tk, W: tl.constexpr):
 
 
 @triton.jit
-def _onto_table(acc, x, idx, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr):
-    """acc (BM, BW) plus x (BM, BN) summed per table row: acc[i, w] += sum_{j: idx_ij = w} x_ij, over the rows
-    clip(d) + c of the tile's distances d in [o + m0 - (n0 + BN - 1), o + m0 + BM - 1 - n0]."""
-    wcol = tl.arange(0, BW)
-    w_lo = tl.minimum(tl.maximum(SOFF + m0 - (n0 + BN - 1), -C), C) + C
-    w_hi = tl.minimum(tl.maximum(SOFF + m0 + BM - 1 - n0, -C), C) + C + 1
-    for wc in range(w_lo, w_hi):
-        col = tl.sum(tl.where(idx == wc, x, 0.0), 1)
-        acc += tl.where(wcol[None, :] == wc, col[:, None], 0.0)
-    return acc
+def _onto_window(x, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr):
+    """x (BM, BN) on the tile's window of diagonals (BM, WP): column w of row i holds x[i, j] with
+    (i - m0) - (j - n0) + BN - 1 = w, 0 where that pair is outside the tile."""
+    ji = tl.arange(0, BM)[:, None] - tl.arange(0, WP)[None, :] + (BN - 1)
+    inw = (ji >= 0) & (ji < BN)
+    return tl.where(inw, tl.gather(x, tl.minimum(tl.maximum(ji, 0), BN - 1), axis=1), 0.0)
+
+
+@triton.jit
+def _onto_table(acc, x, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+                WP: tl.constexpr):
+    """acc (BM, BW) plus x (BM, BN) summed per table row: acc[i, w] += sum_{j: idx_ij = w} x_ij.  x goes onto the
+    tile's window of diagonals (:func:`_onto_window`), whose column u is the distance o + m0 - n0 - (BN - 1) + u,
+    and a (WP, BW) 0/1 product sums each column onto its table row clip(d, -c, c) + c: no loop inside the key loop,
+    whose loads Triton then pipelines.  The product runs in three tf32 passes (tf32x3), float32's accuracy."""
+    d = SOFF + m0 - n0 - (BN - 1) + tl.arange(0, WP)
+    onto = (tl.minimum(tl.maximum(d, -C), C) + C)[:, None] == tl.arange(0, BW)[None, :]
+    return acc + tl.dot(_onto_window(x, BM, BN, WP), onto.to(tl.float32), input_precision="tf32x3")
 
 
 @triton.jit
@@ -237,7 +248,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
         km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
-        if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
             k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
             v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
@@ -250,8 +261,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
             if HAS_VAL:
-                acc_h = _onto_table(acc_h * alpha[:, None], p, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0, SOFF,
-                                    C, BM, BN, BW)
+                acc_h = _onto_table(acc_h * alpha[:, None], p, m0, n0, SOFF, C, BM, BN, BW, WP)
             m_i = m_new
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -307,7 +317,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
     acc_b = tl.zeros([BN], tl.float32)
     lo, hi = _query_range(n0, Tq, OFF, DLO, DHI, BM, BN, MODE)
     for m0 in range(lo, hi, BM):
-        if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
             offs_m = m0 + tl.arange(0, BM)
             q, qv, do, lse, delta = _query_rows(Q, QV, DO, LSE, DELTA, bh, offs_m, Tq, DK, DR, DV, dk, dr, dv, HAS_XL)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
@@ -360,7 +370,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
         km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
-        if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
             k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
             v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
             s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
@@ -373,12 +383,9 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
             ds = p * (dp - delta[:, None])
             acc_q += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
             if HAS_SHAW:
-                acc_l = _onto_table(acc_l, ds, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0, SOFF, C, BM, BN, BW)
+                acc_l = _onto_table(acc_l, ds, m0, n0, SOFF, C, BM, BN, BW, WP)
             if HAS_XL:
-                # dS onto the tile's window of distances: column w holds pair (i, j - n0 = i - m0 - w + BN - 1)
-                ji = tl.arange(0, BM)[:, None] - wwin[None, :] + (BN - 1)
-                inw = (ji >= 0) & (ji < BN)
-                dqr = tl.where(inw, tl.gather(ds, tl.minimum(tl.maximum(ji, 0), BN - 1), axis=1), 0.0)
+                dqr = _onto_window(ds, BM, BN, WP)  # dS onto the tile's window of distances
                 acc_qv += tl.dot(dqr.to(rw.dtype), rw, input_precision=PREC)
                 drw = tl.dot(tl.trans(dqr).to(qv.dtype), qv, input_precision=PREC)  # (WP, BDR)
                 r = XBASE + m0 - n0 - (BN - 1) + wwin

@@ -93,7 +93,7 @@ def squared_forward(FQ, FK, VW, V1, KM, N, Tq, Tk, F, W, eps, drop, seed, OFF, D
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
         km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
-        if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
             fk = _tile(FK, bh, offs_n, cols, Tk, F, df)
             vw = _tile(VW, bh, offs_n, cols, Tk, W, dw)
             s, p1, p2, keep, d = _pairs(fq, fk, bh, offs_m, offs_n, Tq, Tk, OFF, DLO, DHI, STRIDE, SC, km, eps, drop,
@@ -135,7 +135,7 @@ def squared_backward_kv(FQ, FK, VW, V1, KM, DN, DFK, DVW, DV1, Tq, Tk, F, W, eps
     acc_v1 = tl.zeros([BN, BW], tl.float32)
     lo, hi = _query_range(n0, Tq, OFF, DLO, DHI, BM, BN, MODE)
     for m0 in range(lo, hi, BM):
-        if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
             offs_m = m0 + tl.arange(0, BM)
             rows = offs_m < Tq
             fq = _tile(FQ, bh, offs_m, rows, Tq, F, df)
@@ -184,7 +184,7 @@ def squared_backward_q(FQ, FK, VW, V1, KM, DN, DFQ, Tq, Tk, F, W, eps, drop, see
         offs_n = n0 + tl.arange(0, BN)
         cols = offs_n < Tk
         km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
-        if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
             fk = _tile(FK, bh, offs_n, cols, Tk, F, df)
             vw = _tile(VW, bh, offs_n, cols, Tk, W, dw).to(tl.float32)
             s, p1, p2, keep, d = _pairs(fq, fk, bh, offs_m, offs_n, Tq, Tk, OFF, DLO, DHI, STRIDE, SC, km, eps, drop,
