@@ -21,7 +21,7 @@ at most one pattern.  A union other than one that keeps every key, a boolean mas
 intersection are not computed per tile.
 
 The kernels skip a key tile outside the band (its range of d), one of padding alone, and one whose range of
-distances and of blocks the pattern never keeps (:func:`~kernel_attention.backends.triton_kernels._tile_meets`);
+distances and of blocks the pattern never keeps (:func:`~kernel_attention.backends.triton_tiles._tile_meets`);
 partial tiles are masked per pair.
 """
 

@@ -257,7 +257,7 @@ def filter_mask(p: Problem, block: int | None = None, by_keys: bool = False) -> 
     keep = torch.zeros(b, h, tq, tk, dtype=torch.int8, device=p.q.device)
     if km is not None:
         km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
-    kernels("triton_kernels").filter_keep[(cdiv(tk if by_keys else tq, block), b * h)](
+    kernels("triton_tiles").filter_keep[(cdiv(tk if by_keys else tq, block), b * h)](
         _or(km, keep), keep, tq, tk, off, lo, hi, stride, c, MODE=mode, PAT=pattern, HAS_KM=km is not None,
         BY_KEYS=by_keys, BM=block, BN=block)
     return keep.bool()

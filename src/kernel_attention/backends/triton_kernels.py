@@ -12,17 +12,9 @@ float mask, read per tile through its strides, 0 where it is broadcast), each pr
 row's weights summed per table row, the histogram Hv[i, w] = sum_{j: idx_ij = w} P_ij (B·H, Tq, 2c + 1), from
 which the caller adds Hv a^V to the output.
 
-The filter keeps a pair where its band, its sparse pattern and, with ``HAS_KM``, the key mask (padding) all keep
-it (:mod:`~kernel_attention.backends.triton_filters`), with d = i + off - j, off = Tk - Tq:
-
-    MODE = 1   DLO <= d <= DHI                       PAT = 1   d < s or d % s == 0  (strided)
-    HAS_KM     km[b, j]                              PAT = 2   j // s == p // s or j % s >= s - c  (fixed)
-
-Tiles outside the band are never visited (:func:`_key_range`, :func:`_query_range`), nor a tile the pattern
-cannot keep (:func:`_tile_meets`) nor a key tile whose mask is all False; partial tiles are masked per pair.
-Without a pattern or a key mask every tile of the band's range is read, which each loop fixes at compile time
-(``PAT == 0 and not HAS_KM``) rather than testing it per tile: with no branch around a tile's loads, Triton
-pipelines them (the next tiles are copied while the current one computes).
+The filter is computed per tile (:mod:`~kernel_attention.backends.triton_tiles`): tiles outside it are never
+visited, partial ones masked per pair; with a band filter alone, each loop reads every tile of its range, fixed at
+compile time, so that Triton pipelines its loads.
 
 Forward (one program per (query tile, batch·head)): online soft-max in base 2 (p = 2^(log2(e)·s - m)),
 writes out (B·H, Tq, Dv) and the row log-sum-exp lse2 = m + log2(l) (B·H, Tq), +inf for a row with no
@@ -41,6 +33,11 @@ distances r = rlo + w, rlo = base + m0 - n0 - (BN - 1), w = (i - m0) - (j - n0) 
 the (BM, WP) products qv · R[rlo:rlo + WP]^T (WP = the next power of two) and gathers column w of each
 pair; its backward gathers dS back onto the window (j - n0 = (i - m0) - w + BN - 1).
 
+Where Shaw's table is summed per row (Hv in the forward, dL in ``_bwd_q``), a query tile's key loop runs in three
+segments (:func:`_near_tiles`): the tiles far before and far after the diagonal, each of whose pairs falls on
+table row 2c or 0, add their rows' sums there; the near tiles loop over their table rows.  No loop inside the
+far loops, so Triton pipelines them.
+
 All tensors are contiguous with the batch and head folded into one leading axis (B·H), except R
 (HR, Rlen, DR) with HR = 1 (shared by the heads) or H, and the bias (strides SB0..SB3 of its batch, head,
 row and key).
@@ -48,99 +45,12 @@ row and key).
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "flash_forward", "flash_backward_kv", "flash_backward_q", "filter_keep"]
+from kernel_attention.backends.triton_tiles import _keep, _key_mask, _key_range, _query_range, _tile, _visits
 
-#: whether the kernels below were built for Triton's interpreter (TRITON_INTERPRET=1 when this module was
-#: first imported): they then run on CPU tensors, one program after the other
-INTERPRETED = (bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs")  # Triton >= 3.4
-               else os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"))
-
-LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _tile(X, bh, offs, valid, T, D, d):
-    """Rows ``offs`` of the (B·H, T, D) tensor X for program ``bh``, columns ``d``: a (len(offs), len(d)) tile,
-    0 where a row is not ``valid`` or a column is past D."""
-    return tl.load(X + bh * T * D + offs[:, None] * D + d[None, :], mask=valid[:, None] & (d[None, :] < D),
-                   other=0.0)
-
-
-@triton.jit
-def _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM: tl.constexpr):
-    """int8 (BN,): 1 where the key exists and (with a padding mask KM (B·H, Tk)) is real."""
-    km = cols.to(tl.int8)
-    if HAS_KM:
-        km = tl.load(KM + bh * Tk + offs_n, mask=cols, other=0)
-    return km
-
-
-@triton.jit
-def _keep(offs_m, offs_n, Tq, Tk, OFF, DLO, DHI, STRIDE, SC, km, MODE: tl.constexpr, PAT: tl.constexpr,
-          HAS_KM: tl.constexpr):
-    """(BM, BN) bool: the pair is in range and kept by the filter (module docstring)."""
-    keep = (offs_m[:, None] < Tq) & (offs_n[None, :] < Tk)
-    if MODE == 1:
-        d = offs_m[:, None] + OFF - offs_n[None, :]
-        keep = keep & (d >= DLO) & (d <= DHI)
-        # a pattern comes with DLO >= 0: d, p and j are >= 0 where it decides
-        if PAT == 1:
-            keep = keep & ((d < STRIDE) | (d % STRIDE == 0))
-        if PAT == 2:
-            p = offs_m[:, None] + OFF
-            j = offs_n[None, :]
-            keep = keep & ((j // STRIDE == p // STRIDE) | (j % STRIDE >= STRIDE - SC))
-    if HAS_KM:
-        keep = keep & (km[None, :] != 0)
-    return keep
-
-
-@triton.jit
-def _tile_meets(m0, n0, OFF, DLO, DHI, STRIDE, SC, BM: tl.constexpr, BN: tl.constexpr, PAT: tl.constexpr):
-    """Whether the tile of rows [m0, m0 + BM) and keys [n0, n0 + BN) may hold a pair that the pattern keeps
-    (always without one): strided, a distance in the tile's range [lo, hi] below s or a multiple of s; fixed, a
-    summary key among the tile's keys at or before its last query, or a block that its queries and keys share."""
-    meets = (m0 + n0) * 0 == 0
-    if PAT == 1:
-        lo = tl.maximum(m0 + OFF - (n0 + BN - 1), DLO)
-        hi = tl.minimum(m0 + BM - 1 + OFF - n0, DHI)
-        meets = (lo <= hi) & ((lo < STRIDE) | (hi // STRIDE * STRIDE >= lo))
-    if PAT == 2:
-        pa = tl.maximum(m0 + OFF, 0)
-        pb = m0 + BM - 1 + OFF
-        r = n0 % STRIDE
-        first = tl.where(r >= STRIDE - SC, n0, n0 + STRIDE - SC - r)  # the first summary key >= n0
-        summary = (first <= n0 + BN - 1) & (first <= pb)
-        block = (pa // STRIDE <= (n0 + BN - 1) // STRIDE) & (pb // STRIDE >= n0 // STRIDE)
-        meets = summary | block
-    return meets
-
-
-@triton.jit
-def _key_range(m0, Tk, OFF, DLO, DHI, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
-    """[lo, hi) of the key tiles a query tile starting at m0 meets under the band (lo a multiple of BN)."""
-    lo = m0 * 0
-    hi = m0 * 0 + Tk
-    if MODE == 1:
-        lo = tl.maximum(lo, m0 + OFF - DHI)
-        hi = tl.minimum(hi, m0 + BM + OFF - DLO)
-    return (lo // BN) * BN, hi
-
-
-@triton.jit
-def _query_range(n0, Tq, OFF, DLO, DHI, BM: tl.constexpr, BN: tl.constexpr, MODE: tl.constexpr):
-    """[lo, hi) of the query tiles a key tile starting at n0 meets under the band (lo a multiple of BM)."""
-    lo = n0 * 0
-    hi = n0 * 0 + Tq
-    if MODE == 1:
-        lo = tl.maximum(lo, n0 - OFF + DLO)
-        hi = tl.minimum(hi, n0 + BN - OFF + DHI)
-    return (lo // BM) * BM, hi
+__all__ = ["flash_forward", "flash_backward_kv", "flash_backward_q"]
 
 
 @triton.jit
@@ -166,15 +76,43 @@ def _onto_window(x, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr):
 
 
 @triton.jit
-def _onto_table(acc, x, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
-                WP: tl.constexpr):
-    """acc (BM, BW) plus x (BM, BN) summed per table row: acc[i, w] += sum_{j: idx_ij = w} x_ij.  x goes onto the
-    tile's window of diagonals (:func:`_onto_window`), whose column u is the distance o + m0 - n0 - (BN - 1) + u,
-    and a (WP, BW) 0/1 product sums each column onto its table row clip(d, -c, c) + c: no loop inside the key loop,
-    whose loads Triton then pipelines.  The product runs in three tf32 passes (tf32x3), float32's accuracy."""
-    d = SOFF + m0 - n0 - (BN - 1) + tl.arange(0, WP)
-    onto = (tl.minimum(tl.maximum(d, -C), C) + C)[:, None] == tl.arange(0, BW)[None, :]
-    return acc + tl.dot(_onto_window(x, BM, BN, WP), onto.to(tl.float32), input_precision="tf32x3")
+def _onto_table(acc, x, idx, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+                SEG: tl.constexpr):
+    """acc (BM, BW) plus x (BM, BN) summed per table row: acc[i, w] += sum_{j: idx_ij = w} x_ij, for a tile of
+    segment SEG (:func:`_near_tiles`).  Every pair of a far tile is on one table row, 2c (SEG = 0: distances >= c)
+    or 0 (SEG = 2: distances <= -c), and the rows' sums go there; a near tile (SEG = 1) loops over the table rows
+    clip(d) + c of its distances d in [o + m0 - (n0 + BN - 1), o + m0 + BM - 1 - n0]."""
+    wcol = tl.arange(0, BW)
+    if SEG == 1:
+        w_lo = tl.minimum(tl.maximum(SOFF + m0 - (n0 + BN - 1), -C), C) + C
+        w_hi = tl.minimum(tl.maximum(SOFF + m0 + BM - 1 - n0, -C), C) + C + 1
+        for wc in range(w_lo, w_hi):
+            col = tl.sum(tl.where(idx == wc, x, 0.0), 1)
+            acc += tl.where(wcol[None, :] == wc, col[:, None], 0.0)
+    else:
+        acc += tl.where(wcol[None, :] == (2 * C if SEG == 0 else 0), tl.sum(x, 1)[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def _near_tiles(m0, lo, hi, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """(a, b): the key tiles [lo, hi) of a query tile at m0 (starts lo + k·BN) in three segments by the rows of
+    Shaw's table their pairs fall on: [lo, a) every distance o + i - j >= c (segment 0), [a, b) several rows
+    (segment 1), [b, hi) every distance <= -c (segment 2)."""
+    x = SOFF + m0 - (BN - 1) - C  # a tile starting at n0 <= x is in segment 0
+    a = tl.where(x >= lo, lo + ((x - lo) // BN + 1) * BN, lo)
+    y = SOFF + m0 + BM - 1 + C  # a tile starting at n0 >= y is in segment 2
+    b = tl.where(y > lo, lo + ((y - lo + BN - 1) // BN) * BN, lo)
+    a = tl.minimum(a, hi)
+    return a, tl.minimum(tl.maximum(b, a), hi)
+
+
+@triton.jit
+def _segment(SEG: tl.constexpr, lo, a, b, hi):
+    """[start, end) of segment SEG of a key loop that :func:`_near_tiles` split at a and b."""
+    start = lo if SEG == 0 else (a if SEG == 1 else b)
+    end = a if SEG == 0 else (b if SEG == 1 else hi)
+    return start, end
 
 
 @triton.jit
@@ -210,12 +148,6 @@ def _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, ro
 
 
 @triton.jit
-def _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM: tl.constexpr, BN: tl.constexpr, PAT: tl.constexpr):
-    """Whether a tile in the band's range is read: the pattern may keep a pair of it and a key of it is real."""
-    return _tile_meets(m0, n0, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT) & (tl.max(km.to(tl.int32), 0) > 0)
-
-
-@triton.jit
 def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
                   H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
                   SB0, SB1, SB2, SB3,
@@ -244,25 +176,33 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
     acc = tl.zeros([BM, BDV], tl.float32)
     acc_h = tl.zeros([BM, BW], tl.float32)
     lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
-    for n0 in range(lo, hi, BN):
-        offs_n = n0 + tl.arange(0, BN)
-        cols = offs_n < Tk
-        km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
-        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-            k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
-            v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
-            s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
-                            SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW, C, W,
-                            HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no kept key yet: 2^(-inf) = 0
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            if HAS_VAL:
-                acc_h = _onto_table(acc_h * alpha[:, None], p, m0, n0, SOFF, C, BM, BN, BW, WP)
-            m_i = m_new
+    a, b = hi, hi
+    if HAS_VAL:
+        a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN)
+    # with Shaw's value table, three loops: the tiles far before the diagonal, the near ones, the far ones after it
+    # (every pair of a far tile is on one table row: no loop inside the loop, so Triton pipelines it)
+    for seg in tl.static_range(3 if HAS_VAL else 1):
+        start, end = _segment(seg, lo, a, b, hi)
+        for n0 in range(start, end, BN):
+            offs_n = n0 + tl.arange(0, BN)
+            cols = offs_n < Tk
+            km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
+            if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+                k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
+                v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
+                s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
+                                XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
+                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no kept key yet: 2^(-inf) = 0
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+                if HAS_VAL:
+                    acc_h = _onto_table(acc_h * alpha[:, None], p, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0,
+                                        SOFF, C, BM, BN, BW, seg)
+                m_i = m_new
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -366,34 +306,41 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     wcol = tl.arange(0, BW)
     wwin = tl.arange(0, WP)
     lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
-    for n0 in range(lo, hi, BN):
-        offs_n = n0 + tl.arange(0, BN)
-        cols = offs_n < Tk
-        km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
-        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-            k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
-            v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
-            s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
-                            SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW, C, W,
-                            HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
-            p = tl.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            if HAS_VAL:
-                dp += _row_table(GH, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
-            ds = p * (dp - delta[:, None])
-            acc_q += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-            if HAS_SHAW:
-                acc_l = _onto_table(acc_l, ds, m0, n0, SOFF, C, BM, BN, BW, WP)
-            if HAS_XL:
-                dqr = _onto_window(ds, BM, BN, WP)  # dS onto the tile's window of distances
-                acc_qv += tl.dot(dqr.to(rw.dtype), rw, input_precision=PREC)
-                drw = tl.dot(tl.trans(dqr).to(qv.dtype), qv, input_precision=PREC)  # (WP, BDR)
-                r = XBASE + m0 - n0 - (BN - 1) + wwin
-                tl.atomic_add(DRT + roff + r[:, None] * DR + dr[None, :], drw,
-                              mask=((r >= 0) & (r < Rlen))[:, None] & (dr[None, :] < DR))
-            if HAS_DBIAS:
-                tl.store(DBIAS + bh * Tq * Tk + offs_m[:, None] * Tk + offs_n[None, :], ds,
-                         mask=rows[:, None] & cols[None, :])
+    a, b = hi, hi
+    if HAS_SHAW:
+        a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN)
+    # with Shaw's table, the far tiles before and after the diagonal apart, as in the forward
+    for seg in tl.static_range(3 if HAS_SHAW else 1):
+        start, end = _segment(seg, lo, a, b, hi)
+        for n0 in range(start, end, BN):
+            offs_n = n0 + tl.arange(0, BN)
+            cols = offs_n < Tk
+            km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
+            if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+                k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
+                v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
+                s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
+                                XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
+                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
+                p = tl.exp2(s - lse[:, None])
+                dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                if HAS_VAL:
+                    dp += _row_table(GH, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
+                ds = p * (dp - delta[:, None])
+                acc_q += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+                if HAS_SHAW:
+                    acc_l = _onto_table(acc_l, ds, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0, SOFF, C, BM, BN, BW,
+                                        seg)
+                if HAS_XL:
+                    dqr = _onto_window(ds, BM, BN, WP)  # dS onto the tile's window of distances
+                    acc_qv += tl.dot(dqr.to(rw.dtype), rw, input_precision=PREC)
+                    drw = tl.dot(tl.trans(dqr).to(qv.dtype), qv, input_precision=PREC)  # (WP, BDR)
+                    r = XBASE + m0 - n0 - (BN - 1) + wwin
+                    tl.atomic_add(DRT + roff + r[:, None] * DR + dr[None, :], drw,
+                                  mask=((r >= 0) & (r < Rlen))[:, None] & (dr[None, :] < DR))
+                if HAS_DBIAS:
+                    tl.store(DBIAS + bh * Tq * Tk + offs_m[:, None] * Tk + offs_n[None, :], ds,
+                             mask=rows[:, None] & cols[None, :])
     tl.store(DQ + bh * Tq * DK + offs_m[:, None] * DK + dk[None, :], (acc_q * scale).to(DQ.dtype.element_ty),
              mask=rows[:, None] & (dk[None, :] < DK))
     if HAS_SHAW:
@@ -402,35 +349,3 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     if HAS_XL:
         tl.store(DQV + bh * Tq * DR + offs_m[:, None] * DR + dr[None, :], acc_qv.to(DQV.dtype.element_ty),
                  mask=rows[:, None] & (dr[None, :] < DR))
-
-
-@triton.jit
-def filter_keep(KM, KEEP, Tq, Tk, OFF, DLO, DHI, STRIDE, SC, MODE: tl.constexpr, PAT: tl.constexpr,
-                HAS_KM: tl.constexpr, BY_KEYS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """KEEP (B·H, Tq, Tk) int8: 1 at the pairs the kernels keep, written over the tiles they visit, so a pair of a
-    skipped tile stays as it was (0): the filter's mask as the kernels see it, for tests.  One program per query
-    tile (the forward's and ``_bwd_q``'s walk) or, with BY_KEYS, per key tile (``_bwd_kv``'s); grid (tiles,
-    B·H)."""
-    bh = tl.program_id(1).to(tl.int64)
-    if BY_KEYS:
-        n0 = tl.program_id(0) * BN
-        offs_n = n0 + tl.arange(0, BN)
-        km = _key_mask(KM, bh, offs_n, offs_n < Tk, Tk, HAS_KM)
-        lo, hi = _query_range(n0, Tq, OFF, DLO, DHI, BM, BN, MODE)
-        for m0 in range(lo, hi, BM):
-            if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-                offs_m = m0 + tl.arange(0, BM)
-                keep = _keep(offs_m, offs_n, Tq, Tk, OFF, DLO, DHI, STRIDE, SC, km, MODE, PAT, HAS_KM)
-                tl.store(KEEP + bh * Tq * Tk + offs_m[:, None] * Tk + offs_n[None, :], keep.to(tl.int8),
-                         mask=(offs_m[:, None] < Tq) & (offs_n[None, :] < Tk))
-    else:
-        m0 = tl.program_id(0) * BM
-        offs_m = m0 + tl.arange(0, BM)
-        lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
-        for n0 in range(lo, hi, BN):
-            offs_n = n0 + tl.arange(0, BN)
-            km = _key_mask(KM, bh, offs_n, offs_n < Tk, Tk, HAS_KM)
-            if _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-                keep = _keep(offs_m, offs_n, Tq, Tk, OFF, DLO, DHI, STRIDE, SC, km, MODE, PAT, HAS_KM)
-                tl.store(KEEP + bh * Tq * Tk + offs_m[:, None] * Tk + offs_n[None, :], keep.to(tl.int8),
-                         mask=(offs_m[:, None] < Tq) & (offs_n[None, :] < Tk))

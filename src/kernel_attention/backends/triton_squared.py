@@ -164,6 +164,6 @@ def magnitude_keep_mask(seed: int, drop: float, shape, device=None) -> Tensor:
     b, h, tq, tk = shape
     keep = torch.zeros(b, h, tq, tk, dtype=torch.int8, device=device)
     block = 16
-    kernels("triton_squared_kernels").magnitude_keep[(cdiv(tq, block), cdiv(tk, block), b * h)](keep, tq, tk, float(drop), int(seed),
-                                                                           BM=block, BN=block)
+    kernels("triton_squared_kernels").magnitude_keep[(cdiv(tq, block), cdiv(tk, block), b * h)](
+        keep, tq, tk, float(drop), int(seed), BM=block, BN=block)
     return keep.bool()

@@ -4,8 +4,8 @@ r"""Triton kernels of the ``triton`` backend for a kernel in squared form (the i
 
 over tiles of BM query rows and BN keys, accumulated in float32, with q' (B·H, Tq, F), k' (B·H, Tk, F),
 V' = [w ∘ v, w] (B·H, Tk, W), W = Dv + 1, and M the filter (``MODE``, ``PAT`` and ``HAS_KM`` as in
-:mod:`~kernel_attention.backends.triton_kernels`, whose tile ranges, tile skipping and pair masks these kernels
-share).  No running maximum: the per-key factor w <= 1 is folded into V' by the caller, and P >= 0 is bounded by
+:mod:`~kernel_attention.backends.triton_tiles`, whose tile ranges, tile skipping and pair masks the flash
+kernels share).  No running maximum: the per-key factor w <= 1 is folded into V' by the caller, and P >= 0 is bounded by
 the features.  N is (B·H, Tq, W) float32; the ratio N[:, :Dv] / N[:, Dv] is formed by the caller.
 
 **Magnitude dropout** (``HAS_DROP``): the pair keeps its magnitude where D_ij = [u_ij >= drop], u_ij uniform in
@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_attention.backends.triton_kernels import _keep, _key_mask, _key_range, _query_range, _tile, _visits
+from kernel_attention.backends.triton_tiles import _keep, _key_mask, _key_range, _query_range, _tile, _visits
 
 __all__ = ["squared_forward", "squared_backward_kv", "squared_backward_q", "magnitude_keep"]
 

@@ -37,8 +37,9 @@ _SQUARED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def kernels(name: str):
-    """The kernel module ``kernel_attention.backends.<name>`` (``triton_kernels``, ``triton_squared_kernels``),
-    imported on first use: whether its kernels are compiled or interpreted is fixed then, by TRITON_INTERPRET."""
+    """The kernel module ``kernel_attention.backends.<name>`` (``triton_kernels``, ``triton_squared_kernels``,
+    ``triton_tiles``), imported on first use: whether its kernels are compiled or interpreted is fixed then, by
+    TRITON_INTERPRET."""
     return importlib.import_module(f"kernel_attention.backends.{name}")
 
 
@@ -48,9 +49,9 @@ def _interpreting() -> bool:
 
 
 def _loaded_interpreted() -> bool | None:
-    """Whether the kernels were loaded for the interpreter; None when not loaded yet (the squared kernels
-    import ``triton_kernels`` too, so its flag stands for both)."""
-    mod = sys.modules.get("kernel_attention.backends.triton_kernels")
+    """Whether the kernels were loaded for the interpreter; None when not loaded yet (both kernel modules import
+    ``triton_tiles``, so its flag stands for them)."""
+    mod = sys.modules.get("kernel_attention.backends.triton_tiles")
     return None if mod is None else mod.INTERPRETED
 
 
