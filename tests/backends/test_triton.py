@@ -102,8 +102,10 @@ def _close(got, ref, atol=2e-5):
             torch.testing.assert_close(x, y, atol=atol, rtol=atol, msg=lambda m: f"gradient {i}: {m}")
 
 
-def _problem(kernel, position="none", filt=None, tq=33, tk=33, key_mask=None, **kw):
+def _problem(kernel, position="none", filt=None, tq=33, tk=33, key_mask=None, kv_heads=None, **kw):
     pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, tq, tk)
+    if kv_heads is not None:  # grouped-query attention: the first kv_heads key/value heads
+        k, v, kw["enable_gqa"] = k[:, :kv_heads], v[:, :kv_heads], True
     return build_problem(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), key_mask=key_mask, **kw)
 
 
@@ -150,6 +152,30 @@ def test_head_size_batch_and_options(backend, position, filt):
     """D = 16, B = 1; rbf's key term as a feature, tiles of 32."""
     _close(_run(backend, "rbf", position, filt, 40, 40, d=16, b=1), _run("dense", "rbf", position, filt, 40, 40,
                                                                          d=16, b=1))
+
+
+@pytest.mark.parametrize("kernel,position,filt", [("exp", "none", "causal"), ("rbf", "xl", "causal"),
+                                                  ("exp", "shaw", None), ("rbf", "product", "local:window=4")])
+def test_grouped_key_value_heads(kernel, position, filt):
+    """Grouped-query attention (``enable_gqa``, H = 2 query heads on one key/value head): the kernels read the
+    shared head and sum its dk, dv over the group; equal to dense on the heads repeated by hand, the gradients of the
+    grouped k and v included (``product``'s per-head key features repeat the heads instead)."""
+    pos, kern, q, k, v, (pq, pk) = _setup(kernel, position, 33, 33)
+    kg, vg = (x.detach()[:, :1].clone().requires_grad_() for x in (k, v))
+    gout = torch.cos(torch.arange(B * H * 33 * D, device=DEVICE, dtype=DT)).reshape(B, H, 33, D)
+    runs = []
+    for backend, kk, vv in (("triton", kg, vg), ("dense", kg.repeat_interleave(H, 1), vg.repeat_interleave(H, 1))):
+        grouped = backend == "triton"
+        out = attention(q, kk, vv, kern, filt, terms=pos.terms(q, kk, pq, pk), backend=backend, enable_gqa=grouped)
+        runs.append((out, torch.autograd.grad(out, [q, kg, vg] + list(pos.parameters()), gout, allow_unused=True)))
+    if position != "product":
+        from kernel_attention.backends.triton_aot import record_launches
+
+        assert "grouped" in resolve_backend("triton").describe(_problem(kernel, position, filt, kv_heads=1))
+        launches = record_launches(lambda: attention(q, kg, vg, kern, filt, terms=pos.terms(q, kg, pq, pk),
+                                                     backend="triton", enable_gqa=True))
+        assert [x.args[1].shape[1] for x in launches] == [1]  # the kernel reads the key head as it is held
+    _close(*runs)
 
 
 def test_causal_rows_before_every_key_are_empty():

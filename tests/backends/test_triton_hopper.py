@@ -28,6 +28,7 @@ CASES = {
     "shaw keys and values, local": (dict(kernel="exp", position="shaw", filt="local:window=128", value="relative"),
                                     True),
     "rbf, xl causal": (dict(kernel="rbf", position="xl", filt="causal"), True),
+    "exp causal, grouped key/value heads": (dict(kernel="exp", filt="causal", h=4, kv_heads=2), True),
     "exp strided": (dict(kernel="exp", filt="strided:stride=16"), False),
     "ikan-direct magnitude dropout, causal": (dict(kernel="ikan-direct:magnitude_dropout=0.1", filt="causal",
                                                    train=True), True),

@@ -85,10 +85,11 @@ def _env(name: str, value: str | None):
 
 
 def backend_call(kernel: str, position: str = "none", filt=None, value: str = "none", b: int = 1, h: int = 2,
-                 t: int = 256, d: int = 64, block: int = 64, dtype=torch.bfloat16, train: bool = False):
+                 t: int = 256, d: int = 64, block: int = 64, dtype=torch.bfloat16, train: bool = False,
+                 kv_heads: int | None = None):
     """A call for :func:`record_launches`: self-attention of B x H x T x D ``dtype`` CPU tensors on the triton
     backend in tiles of ``block``, with kernel, positions (``value``: positions in the value) and filter by name,
-    then its backward (of the output's sum)."""
+    then its backward (of the output's sum); ``kv_heads``: that many key/value heads (grouped-query attention)."""
     import kernel_attention as ka
     from kernel_attention.functional import attention
     from kernel_attention.positions import default_positions, make_position
@@ -97,9 +98,10 @@ def backend_call(kernel: str, position: str = "none", filt=None, value: str = "n
         torch.manual_seed(0)
         pos = make_position(position, d_model=h * d, n_heads=h, d_head=d, value_position=value).to(dtype=dtype)
         kern = ka.make_kernel(kernel, n_heads=h, d_head=d).to(dtype=dtype).train(train)
-        q, k, v = (torch.randn(b, h, t, d, dtype=dtype).requires_grad_() for _ in range(3))
+        q, k, v = (torch.randn(b, n, t, d, dtype=dtype).requires_grad_() for n in (h, kv_heads or h, kv_heads or h))
         pq, pk = default_positions(t, t, q.device, True)
-        out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=f"triton:block={block}")
+        out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=f"triton:block={block}",
+                        enable_gqa=kv_heads is not None)
         out.float().sum().backward()
     return call
 

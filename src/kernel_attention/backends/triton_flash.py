@@ -79,7 +79,7 @@ class _Config:
         # a broadcast axis of the bias is read with stride 0
         sb = [0 if bias is None or bias.shape[a] == 1 else bias.stride(a) for a in range(4)]
         return dict(
-            H=q.shape[1], Tq=q.shape[2], Tk=v.shape[2], DK=dk, DV=dv, DR=dr,
+            H=q.shape[1], G=q.shape[1] // v.shape[1], Tq=q.shape[2], Tk=v.shape[2], DK=dk, DV=dv, DR=dr,
             RSTRIDE=rlen * dr if hr > 1 else 0, Rlen=rlen, scale=self.scale, OFF=off, DLO=lo, DHI=hi,
             STRIDE=stride, SC=c, SOFF=self.soff, XBASE=self.xbase, SB0=sb[0], SB1=sb[1], SB2=sb[2], SB3=sb[3],
             HAS_KB=kb is not None, HAS_SHAW=shaw is not None, HAS_VAL=self.value, C=self.c, W=2 * self.c + 1,
@@ -153,7 +153,10 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
             gout, lse, delta)
     if value and ghv is None:  # Hv unused: its gradient is 0
         args["HAS_VAL"] = False
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    groups = h // k.shape[1]
+    dq = torch.empty_like(q)
+    # dk, dv per query head, summed over each group of query heads that shares a key/value head
+    dk, dv = (x.new_empty(b, h, *x.shape[2:]) if groups > 1 else torch.empty_like(x) for x in (k, v))
     empty = q.new_empty(0)
     dkb = torch.empty_like(kb) if kb is not None else empty
     dshaw = torch.empty_like(shaw) if shaw is not None else empty.clone()
@@ -164,6 +167,8 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
     kern.flash_backward_q[(cdiv(tq, block), b * h)](
         *ptrs, dq, _or(_none_if_empty(dshaw), lse), _or(_none_if_empty(dqv), q), _or(_none_if_empty(dtable), lse),
         _or(ds, lse), HAS_DBIAS=bias_grad, **args)
+    if groups > 1:
+        dk, dv = (x.view(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv))
     if table is not None:
         dtable = dtable.to(table.dtype)
     dbias = sum_to(ds, bias.shape).to(bias.dtype) if bias_grad else empty.clone()
@@ -203,6 +208,12 @@ def _block(p: Problem, block: int | None) -> int:
     return block or (16 if p.q.device.type == "cpu" else 64)
 
 
+def _per_head_key_features(p: Problem) -> bool:
+    """Whether ``product``'s positional key features differ per query head: grouped heads are then repeated."""
+    t = p.terms
+    return t is not None and t.k_feat is not None and t.k_feat.shape[1] != 1
+
+
 def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None) -> Tensor:
     """The output (B, H, Tq, Dv) of ``p`` on the Triton kernels, differentiable (see the module docstring);
     ``block``: rows and keys per tile (default 64 on CUDA, 16 under the interpreter)."""
@@ -215,8 +226,13 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
         km = km.expand(b, h, 1, tk).reshape(b, h, tk).to(torch.int8).contiguous()
     if has_squared_form(p.kernel):
         return triton_squared_smoother(p, tf, km, _block(p, block))
-    qf, kf, scale, kbias = sdpa_features(p, key_bias)
     t = p.terms
+    k, v, groups = p.grouped_kv()
+    if groups > 1 and _per_head_key_features(p):
+        k, v, groups = p.k, p.v, 1
+    qf, kf, scale, kbias = sdpa_features(p, key_bias, k=k)
+    if kbias is not None and groups > 1:  # a key bias of the key heads, read per query head
+        kbias = kbias.repeat_interleave(groups, dim=1)
     kbs = [x for x in (kbias, None if t is None else t.key_bias) if x is not None]
     kb = None
     if kbs:
@@ -238,7 +254,7 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     if t is not None and t.bias is not None:
         bias = t.bias.float()
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
-    out, _, hv = flash_forward(qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), p.v.contiguous(), kb, km, shaw,
+    out, _, hv = flash_forward(qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), v.contiguous(), kb, km, shaw,
                                qv, table, bias, tf.args(), float(scale), c, soff, xbase, values is not None,
                                _block(p, block))
     if values is not None:  # sum_j P_ij a^V[idx_ij] = Hv_i a^V
@@ -344,6 +360,8 @@ class TritonBackend(Backend):
             parts.append("Transformer-XL's term from the R rows each tile meets")
         if t is not None and t.bias is not None:
             parts.append("a float mask or bias read per tile")
+        if p.kv_groups > 1 and not has_squared_form(p.kernel) and not _per_head_key_features(p):
+            parts.append("on the grouped key/value heads")
         return ", ".join(parts) + "; " + _describe_filter(*tile_filter(p))
 
     def run(self, p: Problem):

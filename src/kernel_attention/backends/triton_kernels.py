@@ -38,9 +38,10 @@ segments (:func:`_near_tiles`): the tiles far before and far after the diagonal,
 table row 2c or 0, add their rows' sums there; the near tiles loop over their table rows.  No loop inside the
 far loops, so Triton pipelines them.
 
-All tensors are contiguous with the batch and head folded into one leading axis (B·H), except R
-(HR, Rlen, DR) with HR = 1 (shared by the heads) or H, and the bias (strides SB0..SB3 of its batch, head,
-row and key).
+All tensors are contiguous with the batch and head folded into one leading axis (B·H), except k and v, of B·H / G
+heads when G query heads share each (grouped-query attention: ``_bwd_kv`` then writes dk and dv per query head,
+and the caller sums each group), R (HR, Rlen, DR) with HR = 1 (shared by the heads) or H, and the bias (strides
+SB0..SB3 of its batch, head, row and key).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, ro
 
 @triton.jit
 def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
-                  H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
+                  H, G, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
                   SB0, SB1, SB2, SB3,
                   HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, HAS_VAL: tl.constexpr, C: tl.constexpr,
                   W: tl.constexpr, HAS_XL: tl.constexpr, HAS_BIAS: tl.constexpr, MODE: tl.constexpr,
@@ -161,6 +162,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
     m0 = tl.program_id(0) * BM
     bh = tl.program_id(1).to(tl.int64)
     roff = (bh % H) * RSTRIDE  # R's head: RSTRIDE = 0 when the heads share it
+    bkv = (bh // H) * (H // G) + (bh % H) // G  # the key/value head of query head bh
     offs_m = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
@@ -188,8 +190,8 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
             cols = offs_n < Tk
             km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
             if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-                k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
-                v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
+                k = _tile(K, bkv, offs_n, cols, Tk, DK, dk)
+                v = _tile(V, bkv, offs_n, cols, Tk, DV, dv)
                 s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
                                 XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
                                 C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
@@ -232,7 +234,7 @@ def _query_rows(Q, QV, DO, LSE, DELTA, bh, offs_m, Tq, DK, DR, DV, dk, dr, dv, H
 
 @triton.jit
 def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, DV_, DKB,
-                      H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
+                      H, G, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
                       SB0, SB1, SB2, SB3,
                       HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, HAS_VAL: tl.constexpr, C: tl.constexpr,
                       W: tl.constexpr, HAS_XL: tl.constexpr, HAS_BIAS: tl.constexpr, MODE: tl.constexpr,
@@ -244,13 +246,14 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
     n0 = tl.program_id(0) * BN
     bh = tl.program_id(1).to(tl.int64)
     roff = (bh % H) * RSTRIDE  # R's head: RSTRIDE = 0 when the heads share it
+    bkv = (bh // H) * (H // G) + (bh % H) // G  # the key/value head of query head bh
     offs_n = n0 + tl.arange(0, BN)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
     dr = tl.arange(0, BDR)
     cols = offs_n < Tk
-    k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
-    v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
+    k = _tile(K, bkv, offs_n, cols, Tk, DK, dk)
+    v = _tile(V, bkv, offs_n, cols, Tk, DV, dv)
     km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
     acc_k = tl.zeros([BN, BDK], tl.float32)
     acc_v = tl.zeros([BN, BDV], tl.float32)
@@ -281,7 +284,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
 
 @triton.jit
 def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL, DQV, DRT, DBIAS,
-                     H, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
+                     H, G, Tq, Tk, DK, DV, DR, RSTRIDE, Rlen, scale, OFF, DLO, DHI, STRIDE, SC, SOFF, XBASE,
                      SB0, SB1, SB2, SB3,
                      HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, HAS_VAL: tl.constexpr, C: tl.constexpr,
                      W: tl.constexpr, HAS_XL: tl.constexpr, HAS_BIAS: tl.constexpr, MODE: tl.constexpr,
@@ -294,6 +297,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     m0 = tl.program_id(0) * BM
     bh = tl.program_id(1).to(tl.int64)
     roff = (bh % H) * RSTRIDE  # R's head: RSTRIDE = 0 when the heads share it
+    bkv = (bh // H) * (H // G) + (bh % H) // G  # the key/value head of query head bh
     offs_m = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
@@ -317,8 +321,8 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
             cols = offs_n < Tk
             km = _key_mask(KM, bh, offs_n, cols, Tk, HAS_KM)
             if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-                k = _tile(K, bh, offs_n, cols, Tk, DK, dk)
-                v = _tile(V, bh, offs_n, cols, Tk, DV, dv)
+                k = _tile(K, bkv, offs_n, cols, Tk, DK, dk)
+                v = _tile(V, bkv, offs_n, cols, Tk, DV, dv)
                 s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
                                 XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
                                 C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
