@@ -155,8 +155,9 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
         args["HAS_VAL"] = False
     groups = h // k.shape[1]
     dq = torch.empty_like(q)
-    # dk, dv per query head, summed over each group of query heads that shares a key/value head
-    dk, dv = (x.new_empty(b, h, *x.shape[2:]) if groups > 1 else torch.empty_like(x) for x in (k, v))
+    # dk, dv per query head in float32, summed over each group of query heads that shares a key/value head
+    dk, dv = (x.new_empty(b, h, *x.shape[2:], dtype=torch.float32) if groups > 1 else torch.empty_like(x)
+              for x in (k, v))
     empty = q.new_empty(0)
     dkb = torch.empty_like(kb) if kb is not None else empty
     dshaw = torch.empty_like(shaw) if shaw is not None else empty.clone()
@@ -168,7 +169,7 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
         *ptrs, dq, _or(_none_if_empty(dshaw), lse), _or(_none_if_empty(dqv), q), _or(_none_if_empty(dtable), lse),
         _or(ds, lse), HAS_DBIAS=bias_grad, **args)
     if groups > 1:
-        dk, dv = (x.view(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv))
+        dk, dv = (g.view(b, h // groups, groups, *g.shape[2:]).sum(2).to(x.dtype) for g, x in ((dk, k), (dv, v)))
     if table is not None:
         dtable = dtable.to(table.dtype)
     dbias = sum_to(ds, bias.shape).to(bias.dtype) if bias_grad else empty.clone()
