@@ -21,6 +21,35 @@ def test_linear_matches_dense(kernel, filt):
         close(run(backend, kernel, "none", filt, key_mask=km), ref, atol=1e-8)
 
 
+@pytest.mark.parametrize("kernel", ["linear", "poly"])
+@pytest.mark.parametrize("filt", [None, "padding", "causal"])
+def test_grouped_key_value_heads(monkeypatch, kernel, filt):
+    """Grouped-query attention (4 query heads on 2 key/value heads): non-causal, the scan takes each key/value head
+    once with its group's query heads as more rows (one state per key/value head); causal, the heads repeated.
+    Both equal dense on the heads repeated by hand, gradients of the grouped k and v included."""
+    import kernel_attention.backends.linear as linear
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 23, D, generator=g, dtype=DT, requires_grad=True)
+    k, v = (torch.randn(2, 2, 23, D, generator=g, dtype=DT, requires_grad=True) for _ in range(2))
+    km = padding_mask(23) if filt == "padding" else None
+    shapes = []
+    for name in ("causal_scan", "full_scan"):
+        scan = getattr(linear, name)
+        monkeypatch.setattr(linear, name, lambda *a, _scan=scan: shapes.append(a[1].shape) or _scan(*a))
+    out = attention(q, k, v, kernel, filt, key_mask=km, backend="linear:chunk=5", enable_gqa=True)
+    ref = attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), kernel, filt, key_mask=km,
+                    backend="dense")
+    torch.testing.assert_close(out, ref, atol=1e-8, rtol=1e-8)
+    w = torch.linspace(-1, 1, out.numel(), dtype=DT).view_as(out)
+    for a, b in zip(torch.autograd.grad((out * w).sum(), [q, k, v]), torch.autograd.grad((ref * w).sum(), [q, k, v])):
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-8)
+    assert shapes == [(2, 4 if filt == "causal" else 2, 23, D)]
+    grouped = "one state per key/value head" in explain(q, k, v, kernel, filt, key_mask=km, backend="linear",
+                                                        enable_gqa=True).reasons["linear"]
+    assert grouped == (filt != "causal")
+
+
 @pytest.mark.parametrize("elements", [1, 2 * 5 * 36])
 @pytest.mark.parametrize("filt", ["padding", "causal&padding"])
 def test_linear_scans_in_groups_of_slices_match_dense(monkeypatch, elements, filt):

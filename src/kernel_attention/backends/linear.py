@@ -10,6 +10,8 @@ where g is the guard of :func:`~kernel_attention.smoother.normalise_direct` (|de
 the result equals the dense direct normalisation exactly whenever the dense one is defined.
 
 * non-causal (full or padding filter): S and z summed over key blocks, then one product per query block.
+  With grouped key/value heads (grouped-query attention) every query of a group reads its head's one state, so
+  the group's query heads run as more rows of that head.
 * causal: query/key blocks of ``chunk`` rows; block c uses the state of the blocks before it plus
   its own (chunk, chunk) lower-triangular kernel block (Yang et al., chunked linear attention), so no
   (B, H, T, F, Dv) prefix tensor is built -- only one (F, Dv) state per block.
@@ -120,8 +122,9 @@ class LinearBackend(Backend):
 
     def describe(self, p: Problem) -> str:
         f = feature_size(p)
-        mode = _structure(p)[0]
-        mode = f"causal, chunks of {self.chunk} rows" if mode == "causal" else "non-causal"
+        mode, km = _structure(p)
+        grouped = ", one state per key/value head" if _folds_groups(p, mode, km) else ""
+        mode = f"causal, chunks of {self.chunk} rows" if mode == "causal" else f"non-causal{grouped}"
         b, h = p.shape[:2]
         bg, hg = _group_sizes(p.q, p.k, p.kernel, self.chunk, f, self.slices)
         groups = (-(-b // bg)) * (-(-h // hg))
@@ -132,7 +135,23 @@ class LinearBackend(Backend):
         mode, km = _structure(p)
         km = None if km is None else km.to(p.q.dtype)  # (B|1, H|1, Tk, 1)
         scan = causal_scan if mode == "causal" else full_scan
+        if _folds_groups(p, mode, km):
+            # every query of a group of heads reads its key/value head's one state (S, z): the group's query heads
+            # as more rows of one head, (B, H, Tq, D) -> (B, H / G, G·Tq, D)
+            k, v, groups = p.grouped_kv()
+            b, h, tq, d = p.q.shape
+            q = p.q.reshape(b, h // groups, groups * tq, d)
+            out = _in_groups(scan, q, k, v, km, p.kernel, self.chunk, feature_size(p), self.slices)
+            return out.reshape(b, h, tq, out.shape[-1]), None
         return _in_groups(scan, p.q, p.k, p.v, km, p.kernel, self.chunk, feature_size(p), self.slices), None
+
+
+def _folds_groups(p: Problem, mode: str, km: Tensor | None) -> bool:
+    """Whether grouped key/value heads run as they are held (non-causal, a key mask shared by the heads, a feature
+    map without parameters, which could differ per head); otherwise they are repeated."""
+    kern = p.kernel
+    per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
+    return p.kv_groups > 1 and mode == "full" and (km is None or km.shape[1] == 1) and not per_head
 
 
 def linear_crossover(features: int, device) -> int:
