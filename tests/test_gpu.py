@@ -150,14 +150,17 @@ def test_cuda_dispatch_names_its_backend():
     assert "CPU" in c.reasons["banded"] and "shaw clipped" not in str(c)  # banded: CPU only
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kernel,causal", [("exp", True), ("rbf", False)])
-def test_grouped_heads_on_cuda_match_the_heads_repeated(kernel, causal, dtype):
-    """sdpa takes 2 key/value heads for 8 query heads (CUDA's enable_gqa) as the CPU does; against dense on
-    the heads repeated, values and gradients."""
+def test_grouped_heads_on_cuda_match_the_heads_repeated(kernel, causal, dtype, backend):
+    """sdpa, flex and triton take 2 key/value heads for 8 query heads as held (their grouped-query attention);
+    against dense on the heads repeated, values and gradients."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, n, 64, 16, generator=g).to(CUDA, dtype).requires_grad_() for n in (8, 2, 2))
-    out = attention(q, k, v, kernel=kernel, is_causal=causal, enable_gqa=True, backend="sdpa")
+    out = attention(q, k, v, kernel=kernel, is_causal=causal, enable_gqa=True, backend=backend)
     ref = attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), kernel=kernel, is_causal=causal,
                     backend="dense")
     w = torch.randn(out.shape, generator=g).to(CUDA, dtype)

@@ -238,6 +238,42 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_flex_grouped_key_value_heads_forward_on_cpu(monkeypatch):
+    """Grouped-query attention on flex (forward, as above): FlexAttention gets the key/value heads as held with its
+    ``enable_gqa`` (a key bias and Shaw's table per query head), except under ``product``'s per-head key features,
+    which repeat them; equal to dense on the heads repeated by hand."""
+    from kernel_attention.backends import flex
+    from kernel_attention.backends.dispatch import resolve_backend
+    from kernel_attention.functional import build_problem
+    from kernel_attention.smoother import dense_smoother
+
+    seen = []
+    real = flex._flex
+
+    def spy():
+        attend, create_block_mask = real()
+        return (lambda q, k, v, **kw: seen.append((k.shape[1], kw.get("enable_gqa", False))) or attend(q, k, v, **kw),
+                create_block_mask)
+
+    monkeypatch.setattr(flex, "_flex", spy)
+    g = torch.Generator().manual_seed(0)
+    for kernel, position, filt, held in (("rbf", "shaw", "causal", True), ("exp", "none", "local:window=5", True),
+                                         ("exp", "product", None, False)):
+        q = torch.randn(2, 4, 32, D, generator=g)
+        k, v = (torch.randn(2, 2, 32, D, generator=g) for _ in range(2))
+        pos = make_position(position, d_model=4 * D, n_heads=4, d_head=D)
+        pq, pk = default_positions(32, 32, "cpu", True)
+        kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+        with torch.no_grad():
+            p = build_problem(q, k, v, kernel, filt, terms=pos.terms(q, k, pq, pk), enable_gqa=True)
+            assert ("grouped" in resolve_backend("flex").describe(p)) == held
+            out, _ = resolve_backend("flex").run(p)
+            ref_p = build_problem(q, kr, vr, kernel, filt, terms=pos.terms(q, kr, pq, pk))
+            ref, _ = dense_smoother(q, kr, vr, ref_p.kernel, ref_p.keep, ref_p.terms)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+        assert seen[-1] == ((2, True) if held else (4, False)), (kernel, position, seen[-1])
+
+
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
 @pytest.mark.parametrize("filt", [None, "causal"])
 @pytest.mark.parametrize("clip", [1, 3])

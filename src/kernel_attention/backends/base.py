@@ -30,7 +30,8 @@ from kernel_attention.registry import Registry
 from kernel_attention.smoother import PositionalTerms
 from kernel_attention.kernels.capabilities import sdpa_form
 
-__all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "key_only_mask", "row_bounds", "kept_keys"]
+__all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "feature_kv", "per_head_key_features", "key_only_mask",
+           "row_bounds", "kept_keys"]
 
 
 @dataclasses.dataclass
@@ -209,6 +210,21 @@ def pad_last(x: Tensor, d: int) -> Tensor:
 def as_float_mask(keep: Tensor, dtype) -> Tensor:
     """0 where the key takes part, -inf elsewhere."""
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
+
+
+def per_head_key_features(p: Problem) -> bool:
+    """Whether ``product``'s positional key features differ per query head: a backend that runs grouped
+    key/value heads on kernel features repeats them then, since the key side is per query head."""
+    t = p.terms
+    return t is not None and t.k_feat is not None and t.k_feat.shape[1] != 1
+
+
+def feature_kv(p: Problem) -> tuple[Tensor, Tensor, int]:
+    """(k, v, groups) for a backend that runs grouped key/value heads on kernel features itself: as held
+    (:meth:`Problem.grouped_kv`), or repeated (groups 1) where :func:`per_head_key_features`."""
+    if p.kv_groups > 1 and per_head_key_features(p):
+        return p.k, p.v, 1
+    return p.grouped_kv()
 
 
 def sdpa_features(p: Problem, key_bias: str = "features", positions: bool = True, k: Tensor | None = None):

@@ -18,7 +18,8 @@ import functools
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
+from kernel_attention.backends.base import (BACKENDS, Backend, Problem, feature_kv, pad_last, per_head_key_features,
+                                            sdpa_features)
 from kernel_attention.positions.difference_index import DifferenceIndex
 from kernel_attention.kernels.capabilities import sdpa_layout
 
@@ -97,11 +98,14 @@ def _block_mask(p: Problem, create_block_mask):
     return mask
 
 
-def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Tensor | None) -> Tensor:
+def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Tensor | None,
+                  v: Tensor | None = None) -> Tensor:
     """softmax(scale · qf kf^T + b) v over the filter, with b from the key bias and ``p.terms``.
 
     ``qf``, ``kf``: the kernel's SDPA features with any positional features (``product``) already
-    concatenated (:func:`kernel_attention.backends.base.sdpa_features`)."""
+    concatenated (:func:`kernel_attention.backends.base.sdpa_features`); ``v``: the values, ``p.v`` by default.
+    kf and v with fewer heads than qf run as grouped-query attention (FlexAttention's ``enable_gqa``); a key bias
+    is per query head."""
     from kernel_attention.backends.banded import shaw_clip
 
     flex, create_block_mask = _flex()
@@ -145,10 +149,12 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
     # One head size for q and k, v its own, each a multiple of 16 (FlexAttention's Triton kernels
     # take no smaller or odd sizes); the zero padding adds nothing to <q', k'> and is cut from out.
     r16 = lambda n: -(-n // 16) * 16
-    dv = p.v.shape[-1]
+    v = p.v if v is None else v
+    dv = v.shape[-1]
     d = r16(qf.shape[-1])
-    out = flex(pad_last(qf, d), pad_last(kf, d), pad_last(p.v, r16(dv)), score_mod=score_mod,
-               block_mask=block_mask, scale=scale)
+    gqa = {"enable_gqa": True} if v.shape[1] != h else {}
+    out = flex(pad_last(qf, d), pad_last(kf, d), pad_last(v, r16(dv)), score_mod=score_mod,
+               block_mask=block_mask, scale=scale, **gqa)
     if out.shape[-1] != dv:
         out = out[..., :dv]
     if p.keep is not None:
@@ -168,8 +174,12 @@ class FlexBackend(Backend):
         return flex_why_not(p)
 
     def describe(self, p: Problem) -> str:
-        return "FlexAttention: score_mod for the additive terms, a block mask for the filter"
+        grouped = ", on the grouped key/value heads" if p.kv_groups > 1 and not per_head_key_features(p) else ""
+        return f"FlexAttention: score_mod for the additive terms, a block mask for the filter{grouped}"
 
     def run(self, p: Problem):
-        qf, kf, scale, key_bias = sdpa_features(p)
-        return flex_smoother(p, qf, kf, scale, key_bias), None
+        k, v, groups = feature_kv(p)
+        qf, kf, scale, key_bias = sdpa_features(p, k=k)
+        if key_bias is not None and groups > 1:  # a key bias of the key heads, read per query head
+            key_bias = key_bias.repeat_interleave(groups, dim=1)
+        return flex_smoother(p, qf, kf, scale, key_bias, v), None

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernel_attention.backends.base import BACKENDS, Backend, Problem, key_only_mask, pad_last, sdpa_features
+from kernel_attention.backends.base import (BACKENDS, Backend, Problem, key_only_mask, pad_last, per_head_key_features,
+                                            sdpa_features)
 from kernel_attention.backends.keybias import KeyBiasSDPA
 from kernel_attention.backends.policy import policy
 from kernel_attention.registry import Param
@@ -45,9 +46,7 @@ def _runs_grouped(p: Problem, key_bias: str) -> bool:
     """Whether one SDPA call takes the problem's grouped key/value heads as they are: the fused kernel's own
     ``enable_gqa``, with no per-head term on the key side (``product``'s positional features are per query
     head) and no key bias, whose hand-written backward runs full heads."""
-    t = p.terms
-    per_head = t is not None and t.k_feat is not None and t.k_feat.shape[1] != 1
-    return NATIVE_GQA and not per_head and sdpa_layout(p.kernel, key_bias) != "bias"
+    return NATIVE_GQA and not per_head_key_features(p) and sdpa_layout(p.kernel, key_bias) != "bias"
 
 
 @BACKENDS.register("sdpa", [

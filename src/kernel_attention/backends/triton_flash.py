@@ -45,7 +45,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from kernel_attention.backends.base import BACKENDS, Backend, Problem, sdpa_features, sum_to
+from kernel_attention.backends.base import (BACKENDS, Backend, Problem, feature_kv, per_head_key_features,
+                                            sdpa_features, sum_to)
 from kernel_attention.backends.flex import flex_why_not
 from kernel_attention.backends.policy import DevicePolicy, dense_preferred, policy
 from kernel_attention.registry import Param
@@ -209,12 +210,6 @@ def _block(p: Problem, block: int | None) -> int:
     return block or (16 if p.q.device.type == "cpu" else 64)
 
 
-def _per_head_key_features(p: Problem) -> bool:
-    """Whether ``product``'s positional key features differ per query head: grouped heads are then repeated."""
-    t = p.terms
-    return t is not None and t.k_feat is not None and t.k_feat.shape[1] != 1
-
-
 def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None) -> Tensor:
     """The output (B, H, Tq, Dv) of ``p`` on the Triton kernels, differentiable (see the module docstring);
     ``block``: rows and keys per tile (default 64 on CUDA, 16 under the interpreter)."""
@@ -228,9 +223,7 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     if has_squared_form(p.kernel):
         return triton_squared_smoother(p, tf, km, _block(p, block))
     t = p.terms
-    k, v, groups = p.grouped_kv()
-    if groups > 1 and _per_head_key_features(p):
-        k, v, groups = p.k, p.v, 1
+    k, v, groups = feature_kv(p)
     qf, kf, scale, kbias = sdpa_features(p, key_bias, k=k)
     if kbias is not None and groups > 1:  # a key bias of the key heads, read per query head
         kbias = kbias.repeat_interleave(groups, dim=1)
@@ -361,7 +354,7 @@ class TritonBackend(Backend):
             parts.append("Transformer-XL's term from the R rows each tile meets")
         if t is not None and t.bias is not None:
             parts.append("a float mask or bias read per tile")
-        if p.kv_groups > 1 and not has_squared_form(p.kernel) and not _per_head_key_features(p):
+        if p.kv_groups > 1 and not has_squared_form(p.kernel) and not per_head_key_features(p):
             parts.append("on the grouped key/value heads")
         return ", ".join(parts) + "; " + _describe_filter(*tile_filter(p))
 
