@@ -38,9 +38,10 @@ CASES = {
 # patched for itself: the compilation runs in a fresh process.
 _COMPILE = """
 import json, sys
-from kernel_attention.backends.triton_aot import backend_call, compile_launch, compiled_modules, record_launches
+from kernel_attention.backends.triton_aot import (backend_call, compile_launch, compiled_modules, pipelined,
+                                                  record_launches)
 mods = compiled_modules()
-out = {name: [[x.kernel, "ttg.async_copy_global_to_local" in compile_launch(x, mods).asm["ttgir"]]
+out = {name: [[x.kernel, pipelined(compile_launch(x, mods))]
               for x in record_launches(backend_call(**kw))] for name, kw in json.loads(sys.argv[1]).items()}
 print(json.dumps(out))
 """

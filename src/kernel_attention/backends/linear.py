@@ -149,9 +149,12 @@ class LinearBackend(Backend):
 def _folds_groups(p: Problem, mode: str, km: Tensor | None) -> bool:
     """Whether grouped key/value heads run as they are held (non-causal, a key mask shared by the heads, a feature
     map without parameters, which could differ per head); otherwise they are repeated."""
-    kern = p.kernel
-    per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
-    return p.kv_groups > 1 and mode == "full" and (km is None or km.shape[1] == 1) and not per_head
+    return p.kv_groups > 1 and mode == "full" and (km is None or km.shape[1] == 1) and not _has_state(p.kernel)
+
+
+def _has_state(kern) -> bool:
+    """Whether the kernel has parameters or buffers, which may differ per head."""
+    return any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
 
 
 def linear_crossover(features: int, device) -> int:
@@ -173,8 +176,7 @@ def _group_sizes(q: Tensor, k: Tensor, kern, chunk: int, f: int, slices: int | N
         return b, h
     if slices is None:
         slices = max(1, policy(q.device).scan_elements // (min(chunk, max(q.shape[-2], k.shape[-2])) * f))
-    per_head = any(True for _ in kern.parameters()) or any(True for _ in kern.buffers())
-    if per_head or slices >= h:
+    if _has_state(kern) or slices >= h:
         return min(b, max(1, slices // h)), h
     return 1, -(-h // -(-h // slices))  # ceil(h / groups) heads in each of ceil(h / slices) groups
 

@@ -32,7 +32,8 @@ import tempfile
 
 import torch
 
-__all__ = ["Launch", "backend_call", "record_launches", "compiled_modules", "compile_launch", "resources"]
+__all__ = ["Launch", "backend_call", "record_launches", "compiled_modules", "compile_launch", "pipelined",
+           "resources"]
 
 MODULES = ("triton_tiles", "triton_kernels", "triton_squared_kernels")
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8",
@@ -177,6 +178,11 @@ def compile_launch(launch: Launch, modules: dict, arch: int = 90):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
+def pipelined(kernel) -> bool:
+    """Whether a compiled kernel's loops copy tiles asynchronously (Triton's software pipeline)."""
+    return "ttg.async_copy_global_to_local" in kernel.asm["ttgir"]
+
+
 def resources(kernel) -> dict:
     """What a compiled kernel takes: ``registers`` per thread, ``spill_bytes`` per thread (its stack in local
     memory), ``shared`` memory in bytes, and whether its loops are ``pipelined`` (copy tiles asynchronously)."""
@@ -190,4 +196,4 @@ def resources(kernel) -> dict:
         usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=True).stdout
     field = lambda name: int(re.search(rf"\b{name}:(\d+)", usage).group(1))
     return dict(registers=field("REG"), spill_bytes=field("STACK"), shared=kernel.metadata.shared,
-                pipelined="ttg.async_copy_global_to_local" in kernel.asm["ttgir"])
+                pipelined=pipelined(kernel))
