@@ -20,7 +20,19 @@ if [ ! -f "$set_dir/prose.md" ] || ! grep -q "set: $study-converged\$" docs/resu
     exit 2
 fi
 "$KA" study "$study" --scale converged --out "$OUT" --collect-only
-rm -f "$set_dir"/*.png
 cp "$OUT/$study-converged/runs.csv" "$set_dir/"
-cp "$OUT/$study-converged/figures/"*.png "$set_dir/" 2>/dev/null || true
+# A table's curves are drawn from its cells' metrics.jsonl; cells carried in with --import-runs have none, so
+# where a table holds such cells its committed figure (drawn where they trained) is kept rather than redrawn
+# without their curves.
+for png in "$set_dir"/*.png "$OUT/$study-converged/figures/"*.png; do
+    [ -e "$png" ] || continue
+    name=$(basename "$png"); table=${name#curves_}; table=${table%.png}
+    if [ -f "$set_dir/$name" ] && grep -qs '"imported_from"' "$OUT/$study-converged/cells/${table}__"*/result.json; then
+        [ "$png" = "$set_dir/$name" ] && echo "kept $set_dir/$name: table $table holds imported cells (no curves here)"
+    elif [ "$png" = "$set_dir/$name" ]; then
+        rm -f "$png"
+    else
+        cp "$png" "$set_dir/"
+    fi
+done
 "$KA" study report
