@@ -13,8 +13,9 @@
 # group) and started again at any time; a cell finished under a smaller train.max_steps trains on from its
 # last.pt (study/extend.py).  Cells whose configuration equals one finished in another study under
 # the same OUT (TD Table 1 shares cells with Tables 3 and 4, see study/twins.py) are carried over, not trained
-# again.  Each study is collected (runs.csv, table.md, figures) after its cells; copy OUT/<study>-converged/
-# runs.csv and figures to docs/results/<study>-converged/ to publish them (kernel-attention study report);
+# again.  The cells already published (docs/results/<study>-converged/runs.csv) are imported first
+# (--import-runs), so that on a new machine the queue goes on where the published results stop.  Each study is
+# collected (runs.csv, table.md, figures) after its cells; scripts/publish_converged.sh publishes them;
 # `study NAME --scale converged --collect-only` collects the cells finished so far while others train.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,9 @@ mkdir -p "$OUT/logs"
 walk() {
     for set in "${QUEUE[@]}"; do
         name=${set%%:*}; only=${set#*:}
-        "$KA" study "$name" --scale converged ${only:+--only "$only"} --out "$OUT" --threads 1 --no-figures
+        csv=docs/results/$name-converged/runs.csv
+        "$KA" study "$name" --scale converged ${only:+--only "$only"} --out "$OUT" --threads 1 --no-figures \
+            $([ -f "$csv" ] && echo --import-runs "$csv")
     done
 }
 for i in $(seq "$PROCS"); do
