@@ -260,7 +260,7 @@ def load_graph_folder(path: str | Path, edges: str | None = None, features: str 
     folder = Path(path).expanduser()
     if not folder.is_dir():
         what = "is a file" if folder.exists() else "does not exist"
-        raise MissingDataError(f"graph data {folder} {what}: {_LAYOUT} (and labels, splits: see docs/data.md)")
+        raise MissingDataError(f"graph data {folder} {what}: {_LAYOUT} (and labels, splits: see docs/own-data.md)")
     files = {role: find_graph_file(folder, role, name)
              for role, name in (("edges", edges), ("features", features), ("labels", labels))}
     for role in ("edges", "features"):
