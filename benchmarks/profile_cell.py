@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     pq, pk = default_positions(a.T, a.T, dev, True)
 
     def ours():
-        return attention(q, k, v, kern, a.filter, terms=pos.terms(q, k, pq, pk), backend=a.backend)
+        return attention(q, k, v, kern, a.filter, terms=pos.terms(q, k, pq, pk, 0), backend=a.backend)
 
     def sdpa():
         return F.scaled_dot_product_attention(q, k, v, is_causal=a.filter == "causal")

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                      [q, k, v] + list(pos.parameters()), True))
         for name in args.backends:
             rows.append((f"attention(xl) on {name}",
-                         lambda name=name: attention(q, k, v, "exp", "causal", terms=pos.terms(q, k, pq, pk),
+                         lambda name=name: attention(q, k, v, "exp", "causal", terms=pos.terms(q, k, pq, pk, 0),
                                                      backend=name),
                          [q, k, v] + list(pos.parameters()), name == "dense"))
         for label, fn, params, materialised in rows:

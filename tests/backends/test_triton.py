@@ -359,6 +359,39 @@ def test_layer_compiles_whole_graph(position, filt, value):
     _close((got, grads), (ref, grads_ref), atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel,position,filt,value", [("rbf", "xl", "causal", "none"),
+                                                       ("exp", "shaw", "local:window=4", "relative"),
+                                                       ("ikan-direct", "none", "causal", "none")])
+def test_eager_calls_run_the_operators_implementation_directly(kernel, position, filt, value, monkeypatch):
+    """An eager call of plain tensors runs the kernels' operators' implementation and autograd formula as an
+    autograd Function, without the operator machinery (the operators themselves are not called); through the
+    operators the call gives the same values and gradients."""
+    from kernel_attention.backends import triton_flash, triton_squared
+
+    def refuse(*args):
+        raise AssertionError("an eager call went through the operator")
+
+    with monkeypatch.context() as m:
+        for module, op in ((triton_flash, "flash_forward"), (triton_flash, "flash_backward"),
+                           (triton_squared, "squared_forward"), (triton_squared, "squared_backward")):
+            m.setattr(module, op, refuse)
+        direct = _run("triton", kernel, position, filt, value=value, train=True)
+    for module in (triton_flash, triton_squared):
+        monkeypatch.setattr(module, "direct", lambda *args: False)
+    _close(direct, _run("triton", kernel, position, filt, value=value, train=True), atol=1e-6)
+
+
+def test_fake_tensors_go_through_the_operators():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernel_attention.backends.triton_support import direct
+
+    x = torch.ones(2)
+    assert direct(x, None, [1], 2.0) and direct(torch.nn.Parameter(x))
+    with FakeTensorMode():
+        assert not direct(torch.ones(2), x)
+
+
 def test_without_triton_the_reason_says_how_to_install(monkeypatch):
     from kernel_attention.backends import triton_support
 

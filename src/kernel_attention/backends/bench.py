@@ -109,10 +109,12 @@ def run_cell(cell: dict) -> dict:
         pos = make_position(cell["position"], d_model=h * d, n_heads=h, d_head=d).to(dev, dtype)
         pq, pk = default_positions(t, t, dev, True)
         params = list(pos.parameters()) + list(kern.parameters())
+        # offset 0: the default positions of self-attention, known without reading them, as a layer passes them
+        # (KernelAttention); read from the tensors, they would cost host syncs a model does not make
 
         def fn():
             with validation(cell.get("checks", True)):
-                return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=backend,
+                return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk, 0), backend=backend,
                                  dropout_p=drop, **gqa)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

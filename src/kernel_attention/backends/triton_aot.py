@@ -101,7 +101,7 @@ def backend_call(kernel: str, position: str = "none", filt=None, value: str = "n
         kern = ka.make_kernel(kernel, n_heads=h, d_head=d).to(dtype=dtype).train(train)
         q, k, v = (torch.randn(b, n, t, d, dtype=dtype).requires_grad_() for n in (h, kv_heads or h, kv_heads or h))
         pq, pk = default_positions(t, t, q.device, True)
-        out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk), backend=f"triton:block={block}",
+        out = attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk, 0), backend=f"triton:block={block}",
                         enable_gqa=kv_heads is not None)
         out.float().sum().backward()
     return call

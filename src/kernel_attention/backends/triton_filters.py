@@ -88,7 +88,14 @@ def _as_key_mask(km: Tensor | None) -> Tensor | None:
 
 def tile_filter(p: Problem) -> tuple[TileFilter, Tensor | None] | str:
     """(the band and pattern, the key mask (B|1, H|1, 1, Tk) bool or None) whose intersection is ``p``'s filter,
-    or why ``p``'s filter is not such an intersection.  Shapes, types and the filters' parameters only."""
+    or why ``p``'s filter is not such an intersection.  Shapes, types and the filters' parameters only; formed
+    once per call (``p.memo``: the backends' checks and their run both read it)."""
+    if "tile_filter" not in p.memo:
+        p.memo["tile_filter"] = _tile_filter(p)
+    return p.memo["tile_filter"]
+
+
+def _tile_filter(p: Problem) -> tuple[TileFilter, Tensor | None] | str:
     b, h, tq, tk = p.shape
     tf = TileFilter(off=tk - tq)
     if p.full:
@@ -151,7 +158,14 @@ def kept_keys(tf: TileFilter, tq: int, tk: int, device=None) -> Tensor:
 def kept_key_log(p: Problem, tf: TileFilter, km: Tensor | None) -> Tensor:
     """The kernel's per-key log factor m (B, H, Tk), -inf at the keys no query keeps under the band and pattern
     ``tf`` and the key mask ``km`` (B|1, H|1, 1, Tk) bool or None; formed from the key positions alone, no
-    (Tq, Tk) mask."""
+    (Tq, Tk) mask.  ``tf`` and ``km`` are :func:`tile_filter`'s for ``p``, so the result is formed once per call
+    (``p.memo``: the range check and the run both read it)."""
+    if "kept_key_log" not in p.memo:
+        p.memo["kept_key_log"] = _kept_key_log(p, tf, km)
+    return p.memo["kept_key_log"]
+
+
+def _kept_key_log(p: Problem, tf: TileFilter, km: Tensor | None) -> Tensor:
     b, h, tq, tk = p.shape
     m = p.kernel.squared_key_log(p.k).expand(b, h, tk)
     kept = kept_keys(tf, tq, tk, m.device)

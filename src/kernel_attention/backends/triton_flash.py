@@ -53,7 +53,8 @@ from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.backends.triton_filters import FIXED, STRIDED, TileFilter, tile_filter
 from kernel_attention.backends.triton_squared import triton_squared_smoother
-from kernel_attention.backends.triton_support import cdiv, kernels, pow2, shaw_terms, triton_why_not
+from kernel_attention.backends.triton_support import (cdiv, direct, eager_function, kernels, pow2, shaw_terms,
+                                                      triton_why_not)
 
 __all__ = ["TritonBackend", "triton_smoother", "flash_forward", "flash_backward", "filter_mask", "auto_declines"]
 
@@ -101,17 +102,17 @@ def _none_if_empty(x: Tensor) -> Tensor | None:
 
 
 # The kernels as two operators with fake implementations (shapes only), so that torch.compile keeps them whole
-# in a graph, and the backward as the forward operator's autograd formula.  Inputs are contiguous (B, H, ...)
-# tensors: q (B, H, Tq, DK), k (B, H, Tk, DK), v (B, H, Tk, DV); kb (B, H, Tk) float32; km (B, H, Tk) int8;
+# in a graph, and the backward as the forward operator's autograd formula; eager calls of plain tensors run the
+# same implementation and formula as an autograd Function (triton_support.direct).  Inputs are contiguous
+# (B, H, ...) tensors: q (B, H, Tq, DK), k (B, H, Tk, DK), v (B, H, Tk, DV); kb (B, H, Tk) float32; km (B, H, Tk) int8;
 # shaw (B, H, Tq, 2c + 1) float32; qv (B, H, Tq, DR) and table (HR, Rlen, DR); bias (B|1, H|1, Tq|1, Tk|1)
 # float32, any strides; absent ones None.  ``filt`` is TileFilter.args().  Hv, and a gradient of an absent input,
 # come back as an empty tensor (an operator returns tensors only).
 
-@torch.library.custom_op("kernel_attention::triton_flash_forward", mutates_args=())
-def flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Optional[Tensor], shaw: Optional[Tensor],
-                  qv: Optional[Tensor], table: Optional[Tensor], bias: Optional[Tensor], filt: list[int],
-                  scale: float, c: int, soff: int, xbase: int, value: bool,
-                  block: int) -> tuple[Tensor, Tensor, Tensor]:
+def _flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Optional[Tensor], shaw: Optional[Tensor],
+                   qv: Optional[Tensor], table: Optional[Tensor], bias: Optional[Tensor], filt: list[int],
+                   scale: float, c: int, soff: int, xbase: int, value: bool,
+                   block: int) -> tuple[Tensor, Tensor, Tensor]:
     """(out (B, H, Tq, DV), lse2 (B, H, Tq) float32: the row log2-sum-exp2 of log2(e)·s, +inf for an empty row,
     Hv (B, H, Tq, 2c + 1) float32 with ``value``, else empty)."""
     cfg = _Config(tuple(filt), scale, c, soff, xbase, value, block)
@@ -125,6 +126,9 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Opt
     return out, lse, hv
 
 
+flash_forward = torch.library.custom_op("kernel_attention::triton_flash_forward", mutates_args=())(_flash_forward)
+
+
 @flash_forward.register_fake
 def _(q, k, v, kb, km, shaw, qv, table, bias, filt, scale, c, soff, xbase, value, block):
     b, h, tq, _ = q.shape
@@ -132,12 +136,11 @@ def _(q, k, v, kb, km, shaw, qv, table, bias, filt, scale, c, soff, xbase, value
             q.new_empty(b, h, tq, 2 * c + 1 if value else 0, dtype=torch.float32))
 
 
-@torch.library.custom_op("kernel_attention::triton_flash_backward", mutates_args=())
-def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor],
-                   km: Optional[Tensor], shaw: Optional[Tensor], qv: Optional[Tensor], table: Optional[Tensor],
-                   bias: Optional[Tensor], out: Tensor, lse: Tensor, hv: Tensor, filt: list[int], scale: float,
-                   c: int, soff: int, xbase: int, value: bool, block: int,
-                   bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor],
+                    km: Optional[Tensor], shaw: Optional[Tensor], qv: Optional[Tensor], table: Optional[Tensor],
+                    bias: Optional[Tensor], out: Tensor, lse: Tensor, hv: Tensor, filt: list[int], scale: float,
+                    c: int, soff: int, xbase: int, value: bool, block: int,
+                    bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dkb, dshaw, dqv, dtable, dbias), empty where the input is absent (dbias: where ``bias_grad``
     is False); ``ghv`` the gradient of Hv, or None."""
     cfg = _Config(tuple(filt), scale, c, soff, xbase, value, block)
@@ -177,6 +180,9 @@ def flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v:
     return dq, dk, dv, dkb, dshaw, dqv, dtable, dbias
 
 
+flash_backward = torch.library.custom_op("kernel_attention::triton_flash_backward", mutates_args=())(_flash_backward)
+
+
 @flash_backward.register_fake
 def _(gout, ghv, q, k, v, kb, km, shaw, qv, table, bias, out, lse, hv, filt, scale, c, soff, xbase, value, block,
       bias_grad):
@@ -194,8 +200,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, gout, glse, ghv):
     q, k, v, kb, km, shaw, qv, table, bias, out, lse, hv = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[8]
-    grads = flash_backward(gout, ghv if ghv is not None and hv.numel() else None, q, k, v, kb, km, shaw, qv, table,
-                           bias, out, lse, hv, *ctx.params, bias_grad)
+    args = (gout, ghv if ghv is not None and hv.numel() else None, q, k, v, kb, km, shaw, qv, table, bias, out, lse,
+            hv, *ctx.params, bias_grad)
+    grads = (_flash_backward if direct(*args) else flash_backward)(*args)
     dq, dk, dv, dkb, dshaw, dqv, dtable, dbias = grads
     keep = lambda g, x: None if x is None else g
     return (dq, dk, dv, keep(dkb, kb), None, keep(dshaw, shaw), keep(dqv, qv), keep(dtable, table),
@@ -203,6 +210,7 @@ def _backward(ctx, gout, glse, ghv):
 
 
 flash_forward.register_autograd(_backward, setup_context=_setup_context)
+_Flash = eager_function("_Flash", _flash_forward, _setup_context, _backward)
 
 
 def _block(p: Problem, block: int | None) -> int:
@@ -248,9 +256,9 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     if t is not None and t.bias is not None:
         bias = t.bias.float()
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
-    out, _, hv = flash_forward(qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), v.contiguous(), kb, km, shaw,
-                               qv, table, bias, tf.args(), float(scale), c, soff, xbase, values is not None,
-                               _block(p, block))
+    args = (qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), v.contiguous(), kb, km, shaw, qv, table, bias,
+            tf.args(), float(scale), c, soff, xbase, values is not None, _block(p, block))
+    out, _, hv = (_Flash.apply if direct(*args) else flash_forward)(*args)
     if values is not None:  # sum_j P_ij a^V[idx_ij] = Hv_i a^V
         out = out + torch.matmul(hv.to(dtype), values.to(dtype))
     return out

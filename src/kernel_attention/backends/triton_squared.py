@@ -37,14 +37,15 @@ from torch import Tensor
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.triton_filters import TileFilter, kept_key_log
-from kernel_attention.backends.triton_support import cdiv, kernels, pow2
+from kernel_attention.backends.triton_support import cdiv, direct, eager_function, kernels, pow2
 
 __all__ = ["squared_forward", "squared_backward", "triton_squared_smoother", "magnitude_keep_mask"]
 
 
-# The kernels as two operators with fake implementations.  Inputs are contiguous: fq (B, H, Tq, F), fk (B, H,
-# Tk, F), vw (B, H, Tk, W) and, with magnitude dropout, v1 (B, H, Tk, W), of one dtype; km (B, H, Tk) int8 or
-# None; ``filt`` is TileFilter.args(); n and dn (B, H, Tq, W), or (B, H, Tq, 2W) with dropout, float32.
+# The kernels as two operators with fake implementations, run directly as an autograd Function on eager calls of
+# plain tensors (triton_support.direct).  Inputs are contiguous: fq (B, H, Tq, F), fk (B, H, Tk, F), vw (B, H, Tk,
+# W) and, with magnitude dropout, v1 (B, H, Tk, W), of one dtype; km (B, H, Tk) int8 or None; ``filt`` is
+# TileFilter.args(); n and dn (B, H, Tq, W), or (B, H, Tq, 2W) with dropout, float32.
 
 def _launch(fq, fk, vw, km, filt, eps, drop, seed, block) -> dict:
     mode, off, lo, hi, pattern, stride, c = filt
@@ -55,9 +56,8 @@ def _launch(fq, fk, vw, km, filt, eps, drop, seed, block) -> dict:
                 num_warps=8 if block > 64 else 4)
 
 
-@torch.library.custom_op("kernel_attention::triton_squared_forward", mutates_args=())
-def squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor], filt: list[int],
-                    eps: float, drop: float, seed: int, block: int) -> Tensor:
+def _squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor], filt: list[int],
+                     eps: float, drop: float, seed: int, block: int) -> Tensor:
     """N (B, H, Tq, W) float32: N_i = sum_j (<fq_i, fk_j>^2 + eps) M_ij vw_j; with ``drop`` > 0, [N1, N2]
     (B, H, Tq, 2W), the pairs whose magnitude is kept on vw and the dropped ones on v1."""
     b, h, tq, _ = fq.shape
@@ -69,16 +69,18 @@ def squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km
     return n
 
 
+squared_forward = torch.library.custom_op("kernel_attention::triton_squared_forward", mutates_args=())(_squared_forward)
+
+
 @squared_forward.register_fake
 def _(fq, fk, vw, v1, km, filt, eps, drop, seed, block):
     b, h, tq, _ = fq.shape
     return fq.new_empty(b, h, tq, vw.shape[-1] * (2 if drop > 0 else 1), dtype=torch.float32)
 
 
-@torch.library.custom_op("kernel_attention::triton_squared_backward", mutates_args=())
-def squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor],
-                     filt: list[int], eps: float, drop: float, seed: int,
-                     block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor],
+                      filt: list[int], eps: float, drop: float, seed: int,
+                      block: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dfq, dfk, dvw, dv1), the gradients of :func:`squared_forward`'s inputs given dN (dv1 empty without
     dropout)."""
     kern = kernels("triton_squared_kernels")
@@ -96,6 +98,10 @@ def squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Optiona
     return dfq, dfk, dvw, dv1
 
 
+squared_backward = torch.library.custom_op("kernel_attention::triton_squared_backward",
+                                           mutates_args=())(_squared_backward)
+
+
 @squared_backward.register_fake
 def _(dn, fq, fk, vw, v1, km, filt, eps, drop, seed, block):
     return (torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(vw),
@@ -110,11 +116,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dn):
     fq, fk, vw, v1, km = ctx.saved_tensors
-    dfq, dfk, dvw, dv1 = squared_backward(dn, fq, fk, vw, v1, km, *ctx.params)
+    args = (dn, fq, fk, vw, v1, km, *ctx.params)
+    dfq, dfk, dvw, dv1 = (_squared_backward if direct(*args) else squared_backward)(*args)
     return (dfq, dfk, dvw, None if v1 is None else dv1, None) + (None,) * len(ctx.params)
 
 
 squared_forward.register_autograd(_backward, setup_context=_setup_context)
+_Squared = eager_function("_Squared", _squared_forward, _setup_context, _backward)
 
 
 def _ratio(n: Tensor) -> Tensor:
@@ -144,7 +152,8 @@ def triton_squared_smoother(p: Problem, tf: TileFilter, km: Tensor | None, block
         if form.query_log is None:
             raise ValueError("SquaredForm with drop > 0 needs query_log: the dropped pairs lose the query's factor")
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1).expand(b, h, tk, v.shape[-1] + 1).contiguous()
-    n = squared_forward(fq, fk, vw, v1, km, tf.args(), float(form.eps), float(form.drop), int(form.seed), block)
+    args = (fq, fk, vw, v1, km, tf.args(), float(form.eps), float(form.drop), int(form.seed), block)
+    n = (_Squared.apply if direct(*args) else squared_forward)(*args)
     if not form.drop:
         return _ratio(n).to(v.dtype)
     # the kept pairs' share against the dropped pairs' per row, as squared.squared_smoother combines them

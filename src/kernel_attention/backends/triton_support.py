@@ -19,6 +19,7 @@ import sys
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.squared import MAX_SPREAD, key_spread
@@ -26,7 +27,8 @@ from kernel_attention.backends.triton_filters import TileFilter, kept_key_log, t
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.positions.difference_index import DifferenceIndex
 
-__all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2", "cdiv"]
+__all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2", "cdiv", "direct",
+           "eager_function"]
 
 #: whether triton can be imported (found without importing it: TRITON_INTERPRET must be set before that)
 INSTALLED = importlib.util.find_spec("triton") is not None
@@ -63,6 +65,32 @@ def pow2(n: int, least: int = 16) -> int:
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b): the tiles that cover ``a`` rows of ``b``."""
     return -(-a // b)
+
+
+def direct(*args) -> bool:
+    """True when a call may run its operator's implementation directly: torch.compile is not tracing and every
+    tensor argument is a plain tensor (not a fake or functional one).  The operator machinery (schema checks,
+    defaults, dispatch) costs about as much host time per call as the rest of the backend's path, and on a GPU a
+    short call waits on the host."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(type(x) in (Tensor, torch.nn.Parameter) for x in args if isinstance(x, Tensor))
+
+
+def eager_function(name: str, forward, setup_context, backward) -> type:
+    """An autograd Function with an operator's implementation (``forward``) and autograd formula
+    (``setup_context``, ``backward``, as given to ``register_autograd``): the operator's eager path, for calls
+    where :func:`direct` holds; gradients of outputs that are not used arrive as None."""
+
+    def run(ctx, *inputs):  # a forward taking ctx: apply() then skips binding the arguments to a signature
+        ctx.set_materialize_grads(False)
+        output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    # once_differentiable: a second derivative is refused, as the operators (no formula for the backward) refuse it
+    body = {"forward": staticmethod(run), "backward": staticmethod(once_differentiable(backward))}
+    return type(name, (torch.autograd.Function,), body)
 
 
 def _shaw_band(index, tq: int, tk: int, width: int) -> tuple[int, int] | None:
