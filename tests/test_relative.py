@@ -66,6 +66,17 @@ def test_difference_index_blocks_and_toeplitz_base_match_the_materialised_index(
         DifferenceIndex(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long))
 
 
+def test_difference_index_reads_its_vectors_once(monkeypatch):
+    """The offset is read from the vectors once per index (each read is a device sync on a GPU), then kept."""
+    from kernel_attention.positions.difference_index import DifferenceIndex
+    reads = []
+    read = DifferenceIndex._read_offset
+    monkeypatch.setattr(DifferenceIndex, "_read_offset", lambda self: reads.append(1) or read(self))
+    index = DifferenceIndex(torch.arange(4)[None] + 2, torch.arange(6)[None])
+    assert index.offset() == index.offset() == toeplitz_base(index) == 2 and len(reads) == 1
+    assert DifferenceIndex(index.a, index.c, known_offset=2).offset() == 2 and len(reads) == 1
+
+
 def test_xl_terms_hold_no_tq_by_tk_tensor_and_index_the_distances():
     from kernel_attention.positions.difference_index import DifferenceIndex
     from kernel_attention.positions import default_positions, make_position, relative_distance

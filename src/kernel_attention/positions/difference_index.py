@@ -71,7 +71,11 @@ class DifferenceIndex:
         index was built with ``known_offset``."""
         if self.known_offset is not None:
             return self.known_offset
+        if "_offset" not in self.__dict__:  # read from the vectors once: each read is a device sync on a GPU
+            object.__setattr__(self, "_offset", self._read_offset())
+        return self.__dict__["_offset"]
 
+    def _read_offset(self) -> int | None:
         if self.a.numel() == 0 or self.c.numel() == 0:
             return None
 
