@@ -8,12 +8,14 @@
 #      (exp with no position, Shaw's and Transformer-XL's terms; the implicit kernels' squared form, ikas), beside
 #      SDPA (timed alongside each cell) and dense (up to T = 4096), and the local window and the Sparse
 #      Transformer filters beside FlexAttention, without the input checks (--no-checks: their host sync would
-#      time the check, not the kernels).
+#      time the check, not the kernels);
+#   3. benchmarks/lm_throughput.py: a language model's training steps with Transformer-XL's positions at T = 2048
+#      in bf16, on triton against dense (tokens/s).
 #
 # What it writes comes back as two files under $OUT (default /tmp/gpu_out): job.log (all output) and
 # gpu_job.tar.gz (tests_triton.log, tests_gpu.log, bench.md, bench_ikas.md, bench_local.md, bench_sparse.md, each
-# table with its .json), packed again after every step, since a lent machine returns at most 8 files and a step
-# cut short by its limit must not lose the others.  Each step has its own time limit (about 7.8 minutes in all),
+# table with its .json, lm_xl.txt), packed again after every step, since a lent machine returns at most 8 files
+# and a step cut short by its limit must not lose the others.  Each step has its own time limit (8 minutes in all),
 # so a slow step leaves the later ones their time; the benchmarks write after every cell.  The package is read
 # from src/ (PYTHONPATH): nothing is installed.
 set -uo pipefail
@@ -41,8 +43,8 @@ echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 150
 timeout 150 $PY -m pytest $TESTS -m triton tests/backends/test_triton.py > "$WORK/tests_triton.log" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$WORK/tests_triton.log" | tail -n 30; pack
 
-echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 120 s)"
-timeout 120 $PY -m pytest $TESTS -m gpu > "$WORK/tests_gpu.log" 2>&1
+echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 110 s)"
+timeout 110 $PY -m pytest $TESTS -m gpu > "$WORK/tests_gpu.log" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$WORK/tests_gpu.log" | tail -n 30; pack
 
 echo "== $(date -u +%H:%M:%S) attention benchmark: exp x none, shaw, xl x full, causal (limit 95 s)"
@@ -57,14 +59,20 @@ timeout 35 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --k
     --positions none --filters full causal --backends triton dense --no-dense-above 4096 \
     --repeats 3 --no-checks --out "$WORK/bench_ikas.md" 2>&1 | tail -n 20; pack
 
-echo "== $(date -u +%H:%M:%S) attention benchmark: local window, beside FlexAttention (limit 40 s)"
-timeout 40 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
+echo "== $(date -u +%H:%M:%S) attention benchmark: local window, beside FlexAttention (limit 30 s)"
+timeout 30 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
     --positions none xl --filters local --backends triton flex dense --no-dense-above 4096 \
     --repeats 3 --no-checks --out "$WORK/bench_local.md" 2>&1 | tail -n 20; pack
 
-echo "== $(date -u +%H:%M:%S) attention benchmark: Sparse Transformer filters, beside FlexAttention (limit 30 s)"
-timeout 30 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
+echo "== $(date -u +%H:%M:%S) attention benchmark: Sparse Transformer filters, beside FlexAttention (limit 25 s)"
+timeout 25 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
     --positions none --filters strided:stride=128 fixed:stride=128 --backends triton flex dense \
     --no-dense-above 4096 --repeats 3 --no-checks --out "$WORK/bench_sparse.md" 2>&1 | tail -n 20; pack
+
+echo "== $(date -u +%H:%M:%S) LM training steps, xl, T = 2048, bf16: triton against dense (limit 35 s)"
+timeout 35 $PY benchmarks/lm_throughput.py --device cuda --bf16 --position xl --backends triton dense --vocab 32000 \
+    --d-model 512 --heads 8 --d-ff 2048 --layers 4 --seq 2048 --batch 4 --steps 3 --repeats 4 \
+    > "$WORK/lm_xl.txt" 2>&1
+cat "$WORK/lm_xl.txt"; pack
 
 echo "== $(date -u +%H:%M:%S) done"

@@ -1,7 +1,9 @@
 """Training throughput (tokens/s) of a small LM with kernel attention (exp kernel) vs the same model built
-from torch.nn.TransformerEncoderLayer, in one run.
+from torch.nn.TransformerEncoderLayer, in one run; or, with ``--backends``, of our model on each attention
+backend named (``--position``: its positions, e.g. Transformer-XL's ``xl``), the last named the reference.
 
     python benchmarks/lm_throughput.py [--d-model 128 --layers 2 --seq 128 --batch 16 --steps 5 --repeats 12]
+    python benchmarks/lm_throughput.py --device cuda --bf16 --position xl --backends triton dense --seq 2048
 
 Both models: token embedding scaled by sqrt(d) + sinusoidal positions at the input, L post-LN blocks
 (d, H heads, FFN d_ff, ReLU, dropout 0), causal mask, output tied to the embedding, Adam.  Ours is
@@ -48,20 +50,21 @@ class TorchLM(nn.Module):
         return h @ self.embed.weight.t()
 
 
-def make_step(model, vocab):
+def make_step(model, vocab, amp):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step(x, y):
-        out = model(x)
-        logits = out[0] if isinstance(out, tuple) else out
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+        with amp:
+            out = model(x)
+            logits = out[0] if isinstance(out, tuple) else out
+            loss = nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     return step
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab", type=int, default=2000)
     p.add_argument("--d-model", type=int, default=128)
@@ -74,21 +77,31 @@ def main():
     p.add_argument("--repeats", type=int, default=12)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    a = p.parse_args()
+    p.add_argument("--position", default="none", help="our model's positions (with --backends)")
+    p.add_argument("--backends", nargs="+", help="our model on these backends, the last the reference")
+    p.add_argument("--bf16", action="store_true", help="autocast to bfloat16 (training's precision bf16)")
+    a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
-    torch.manual_seed(0)
-    ours = LanguageModel(a.vocab, d_model=a.d_model, n_heads=a.heads, d_ff=a.d_ff, n_layers=a.layers, dropout=0.0,
-                         attention={"kernel": "exp", "position": "none", "bias": True}, pe_at_input=True,
-                         mem_len=0).to(dev)
-    ref = TorchLM(a.vocab, a.d_model, a.heads, a.d_ff, a.layers).to(dev)
-    n_ours = sum(p.numel() for p in ours.parameters())
-    n_ref = sum(p.numel() for p in ref.parameters())
-    steps = {"ours": make_step(ours, a.vocab), "torch": make_step(ref, a.vocab)}
+    def ours(position="none", backend="auto"):
+        torch.manual_seed(0)  # the same weights on every backend
+        return LanguageModel(a.vocab, d_model=a.d_model, n_heads=a.heads, d_ff=a.d_ff, n_layers=a.layers,
+                             dropout=0.0, attention={"kernel": "exp", "position": position, "bias": True,
+                                                     "backend": backend},
+                             pe_at_input=position == "none", mem_len=0).to(dev)
+
+    if a.backends:
+        models = {name: ours(a.position, name) for name in a.backends}
+    else:
+        models = {"ours": ours(), "torch": TorchLM(a.vocab, a.d_model, a.heads, a.d_ff, a.layers).to(dev)}
+    params = ", ".join(f"{k} {sum(p.numel() for p in m.parameters())}" for k, m in models.items())
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16)
+    steps = {k: make_step(m, a.vocab, amp) for k, m in models.items()}
     x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ref = list(steps)[-1]
     for fn in steps.values():  # warm-up
         for _ in range(3):
             fn(x, y)
@@ -106,14 +119,16 @@ def main():
     print(f"device {dev} ({platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads)")
     print(f"LM: vocab {a.vocab}, d {a.d_model}, heads {a.heads}, d_ff {a.d_ff}, layers {a.layers}, "
-          f"batch {a.batch} x seq {a.seq}; params ours {n_ours}, torch {n_ref}")
+          f"batch {a.batch} x seq {a.seq}, positions {a.position if a.backends else 'none'}"
+          f"{', bf16' if a.bf16 else ''}; params {params}")
     print("| model | tokens/s (median) | min | max |")
     print("|---|---:|---:|---:|")
     for k, v in rates.items():
         print(f"| {k} | {med[k]:.0f} | {min(v):.0f} | {max(v):.0f} |")
-    paired = [o / t for o, t in zip(rates["ours"], rates["torch"])]  # back-to-back pairs share the machine load
-    print(f"ratio ours / torch: median of paired repeats {statistics.median(paired):.3f} "
-          f"(ratio of medians {med['ours'] / med['torch']:.3f}; pairs {min(paired):.2f}..{max(paired):.2f})")
+    for name in list(steps)[:-1]:  # back-to-back pairs share the machine load
+        paired = [o / t for o, t in zip(rates[name], rates[ref])]
+        print(f"ratio {name} / {ref}: median of paired repeats {statistics.median(paired):.3f} "
+              f"(ratio of medians {med[name] / med[ref]:.3f}; pairs {min(paired):.2f}..{max(paired):.2f})")
 
 
 if __name__ == "__main__":
