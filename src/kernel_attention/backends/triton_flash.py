@@ -88,8 +88,9 @@ class _Config:
             HAS_XL=has_xl, HAS_BIAS=bias is not None, MODE=mode, PAT=pattern, HAS_KM=km is not None,
             PREC="ieee" if q.dtype == torch.float32 else "tf32",
             BM=self.block, BN=self.block, BDK=pow2(dk), BDV=pow2(dv), BDR=pow2(dr), BW=pow2(2 * self.c + 1),
-            # 8 warps where a tile holds more: Transformer-XL's (BM, 2·BN) window products, or 128-wide tiles
-            WP=pow2(2 * self.block - 1), num_warps=8 if has_xl or self.block > 64 else 4)
+            # 8 warps where a tile holds more: Transformer-XL's (BM, 2·BN) window products, Shaw's table rows
+            # (4 warps spill there), or 128-wide tiles
+            WP=pow2(2 * self.block - 1), num_warps=8 if has_xl or shaw is not None or self.block > 64 else 4)
 
 
 def _or(x, y):

@@ -53,7 +53,12 @@ def _launch(fq, fk, vw, km, filt, eps, drop, seed, block) -> dict:
                 OFF=off, DLO=lo, DHI=hi, STRIDE=stride, SC=c, MODE=mode, PAT=pattern, HAS_KM=km is not None,
                 HAS_DROP=drop > 0, PREC="ieee" if fq.dtype == torch.float32 else "tf32",
                 BM=block, BN=block, BF=pow2(fq.shape[-1]), BW=pow2(vw.shape[-1]),
-                num_warps=8 if block > 64 else 4)
+                num_warps=8 if block >= 64 else 4)
+
+
+#: warps of squared_backward_q at 64-row tiles: 8 warps give it more spills for magnitude dropout, and the
+#: forward and squared_backward_kv fewer (docs/benchmarks-gpu-triton.md, "Compiled for sm_90")
+_BACKWARD_Q_WARPS = 4
 
 
 def _squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor], filt: list[int],
@@ -94,7 +99,8 @@ def _squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Option
     v1p = vw if v1 is None else v1
     kern.squared_backward_kv[(cdiv(tk, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfk, dvw,
                                                         dvw if v1 is None else dv1, **args)
-    kern.squared_backward_q[(cdiv(tq, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfq, **args)
+    kern.squared_backward_q[(cdiv(tq, block), b * h)](
+        fq, fk, vw, v1p, kmp, dn, dfq, **{**args, "num_warps": 8 if block > 64 else _BACKWARD_Q_WARPS})
     return dfq, dfk, dvw, dv1
 
 
