@@ -17,7 +17,11 @@
 # table with its .json, lm_xl.txt), packed again after every step, since a lent machine returns at most 8 files
 # and a step cut short by its limit must not lose the others.  Each step has its own time limit (8 minutes in all),
 # so a slow step leaves the later ones their time; the benchmarks write after every cell.  The package is read
-# from src/ (PYTHONPATH): nothing is installed.
+# from src/ (PYTHONPATH): nothing is installed, except pytest-xdist where the device lacks it and its wheels were
+# carried (the device reaches no package index):
+#
+#   pip download --no-deps -d .gpu_wheels pytest-xdist execnet     # here; .gpu_wheels is ignored by git
+#   then run `OUT=$OUT bash benchmarks/gpu_job.sh` on the device with .gpu_wheels carried
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -36,7 +40,11 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 
 # pytest-xdist, where present, spreads the tests (and the compilation of their kernels) over 8 processes; -v names
 # each test as it finishes, so a step cut short by its limit still says which tests failed
+if ! $PY -c "import xdist" 2>/dev/null && [ -d .gpu_wheels ]; then
+    $PY -m pip install -q --no-index --no-deps --find-links .gpu_wheels pytest-xdist execnet || true
+fi
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
+echo "pytest-xdist: ${XDIST:-absent, the tests run in one process}"
 TESTS="-v -rfE --tb=short -p no:cacheprovider $XDIST"
 
 echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 150 s)"
