@@ -56,11 +56,6 @@ def _launch(fq, fk, vw, km, filt, eps, drop, seed, block) -> dict:
                 num_warps=8 if block >= 64 else 4)
 
 
-#: warps of squared_backward_q at 64-row tiles: 8 warps give it more spills for magnitude dropout, and the
-#: forward and squared_backward_kv fewer (docs/benchmarks-gpu-triton.md, "Compiled for sm_90")
-_BACKWARD_Q_WARPS = 4
-
-
 def _squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], km: Optional[Tensor], filt: list[int],
                      eps: float, drop: float, seed: int, block: int) -> Tensor:
     """N (B, H, Tq, W) float32: N_i = sum_j (<fq_i, fk_j>^2 + eps) M_ij vw_j; with ``drop`` > 0, [N1, N2]
@@ -99,8 +94,10 @@ def _squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Option
     v1p = vw if v1 is None else v1
     kern.squared_backward_kv[(cdiv(tk, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfk, dvw,
                                                         dvw if v1 is None else dv1, **args)
-    kern.squared_backward_q[(cdiv(tq, block), b * h)](
-        fq, fk, vw, v1p, kmp, dn, dfq, **{**args, "num_warps": 8 if block > 64 else _BACKWARD_Q_WARPS})
+    # 4 warps at 64-row tiles: with 8, this kernel spills more (magnitude dropout), the other two less
+    # (docs/benchmarks-gpu-triton.md, "Compiled for sm_90")
+    kern.squared_backward_q[(cdiv(tq, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfq,
+                                                       **{**args, "num_warps": 8 if block > 64 else 4})
     return dfq, dfk, dvw, dv1
 
 
