@@ -70,8 +70,8 @@ def cdiv(a: int, b: int) -> int:
 def direct(*args) -> bool:
     """True when a call may run its operator's implementation directly: torch.compile is not tracing and every
     tensor argument is a plain tensor (not a fake or functional one).  The operator machinery (schema checks,
-    defaults, dispatch) costs about as much host time per call as the rest of the backend's path, and on a GPU a
-    short call waits on the host."""
+    defaults, dispatch) adds host time to every call (docs/benchmarks-gpu-triton.md, "Host time per call"), and
+    on a GPU a short call waits on its host."""
     if torch.compiler.is_compiling():
         return False
     return all(type(x) in (Tensor, torch.nn.Parameter) for x in args if isinstance(x, Tensor))
