@@ -84,6 +84,7 @@ def main(argv=None):
     if a.threads:
         torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
+
     def ours(position="none", backend="auto"):
         torch.manual_seed(0)  # the same weights on every backend
         return LanguageModel(a.vocab, d_model=a.d_model, n_heads=a.heads, d_ff=a.d_ff, n_layers=a.layers,
