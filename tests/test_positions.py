@@ -205,3 +205,30 @@ def test_default_positions_align_queries_to_the_last_keys():
     assert default_positions(6, 5, "cpu", False)[0][..., 0].tolist() == [[0, 1, 2, 3, 4, 5]]
     with pytest.raises(ValueError, match="Tq=6 queries and Tk=5 keys"):
         default_positions(6, 5, "cpu", True)
+    assert default_positions(2, 5, "cpu", False, query_offset=3)[0][..., 0].tolist() == [[3, 4]]
+
+
+@pytest.mark.parametrize("position", ["none", "absolute", "shaw:clip=3", "xl", "product"])
+def test_query_offset_places_the_default_query_positions(position):
+    """Cross-attention from queries at o..o+Tq-1 (a decoder's tokens after its cached ones): ``query_offset=o``
+    is ``pos_q = arange(o, o + Tq)``, per pair as the loop gives it; with ``pos_q`` as well it is an error."""
+    layer = _layer(position, symmetric=position == "product")
+    dec, enc = torch.randn(2, 3, 12, dtype=torch.float64), torch.randn(2, 6, 12, dtype=torch.float64)
+    ref = module_loop(layer, dec, enc, pos_q=range(4, 7))
+    torch.testing.assert_close(layer(dec, enc, query_offset=4), ref, rtol=1e-8, atol=1e-10)
+    with pytest.raises(ValueError, match="query_offset"):
+        layer(dec, enc, pos_q=torch.arange(4, 7), query_offset=4)
+
+
+def test_a_layer_that_reads_no_positions_forms_none(monkeypatch):
+    """Position ``none`` with values without positions (Eq. 8) reads no positions: a call given none forms none
+    (a per-call cost on the host) and gives what a call given the defaults gives."""
+    import kernel_attention.nn.attention as module
+
+    layer = _layer("none", filt="causal")
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    want = layer(x, pos_q=torch.arange(5), pos_k=torch.arange(5))
+    monkeypatch.setattr(module, "default_positions", lambda *a, **k: pytest.fail("default positions formed"))
+    torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+    assert not layer.reads_positions
+    assert _layer("absolute").reads_positions and _layer("none", value_position="absolute").reads_positions

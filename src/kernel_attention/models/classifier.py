@@ -55,7 +55,7 @@ class SentenceClassifier(KernelRegularized, nn.Module):
         x = self.drop(x)
         weights = []
         for layer in self.layers:
-            out = layer(x, pos=pos, key_mask=key_mask, need_weights=need_weights)
+            out = layer(x, key_mask=key_mask, need_weights=need_weights)  # positions 0..T-1, the default
             x, w = out if need_weights else (out, None)
             weights.append(w and w["self"])
         m = key_mask.unsqueeze(-1).to(x.dtype)

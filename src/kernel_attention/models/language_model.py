@@ -145,11 +145,9 @@ class LanguageModel(KernelRegularized, nn.Module):
         m = 0 if mems is None else mems[0].shape[1]
         if mems is not None and len(mems) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} memory tensors (one per layer), got {len(mems)}")
-        pos = torch.arange(m, m + t, device=tokens.device)         # queries: last T of the window
-        mem_pos = torch.arange(0, m, device=tokens.device)
         x = self.embed(tokens)
         if self.pe_at_input:
-            x = sinusoidal_input(x, pos)
+            x = sinusoidal_input(x, torch.arange(m, m + t, device=tokens.device))  # the segment after the memory
         x = self.drop(x)
         mask = None
         if self.same_length and not self.training:
@@ -159,8 +157,8 @@ class LanguageModel(KernelRegularized, nn.Module):
         for i, layer in enumerate(self.layers):
             hids.append(x)
             mem = None if mems is None else mems[i]
-            out = layer(x, pos=pos, memory=mem, memory_pos=mem_pos if mem is not None else None, mask=mask,
-                        need_weights=need_weights)
+            # positions [memory; segment] = 0..M+T-1, the default: not passed, so that they are never read
+            out = layer(x, memory=mem, mask=mask, need_weights=need_weights)
             x, w = out if need_weights else (out, None)
             weights.append(w and w["self"])
         x = self.drop(self.final_norm(x))

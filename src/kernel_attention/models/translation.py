@@ -110,17 +110,16 @@ class TranslationModel(KernelRegularized, nn.Module):
         return self.drop(x)
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None, need_weights: bool = False) -> dict[str, Any]:
-        """Encoder states: ``{"out": (B, S, d), "key_mask": (B, S) bool, "pos": (S,)}`` (+ ``"weights"``)."""
+        """Encoder states: ``{"out": (B, S, d), "key_mask": (B, S) bool}`` (+ ``"weights"``)."""
         if src_key_mask is None:
             src_key_mask = src.ne(self.pad_id)
-        pos = torch.arange(src.shape[1], device=src.device)
-        x = self._embed(self.src_embed, src, pos)
+        x = self._embed(self.src_embed, src, torch.arange(src.shape[1], device=src.device))
         weights = []
         for block in self.encoder:
-            out = block(x, pos=pos, key_mask=src_key_mask, need_weights=need_weights)
+            out = block(x, key_mask=src_key_mask, need_weights=need_weights)  # positions 0..S-1: the default
             x, w = out if need_weights else (out, None)
             weights.append(w and w["self"])
-        state = {"out": self.enc_norm(x), "key_mask": src_key_mask, "pos": pos}
+        state = {"out": self.enc_norm(x), "key_mask": src_key_mask}
         if need_weights:
             state["weights"] = weights
         return state
@@ -133,8 +132,8 @@ class TranslationModel(KernelRegularized, nn.Module):
         x = self._embed(self.tgt_embed, tgt_in, pos)
         weights = []
         for block in self.decoder:
-            out = block(x, pos=pos, key_mask=tgt_key_mask, context=enc["out"], context_pos=enc["pos"],
-                        context_key_mask=enc["key_mask"], need_weights=need_weights)
+            out = block(x, key_mask=tgt_key_mask, context=enc["out"], context_key_mask=enc["key_mask"],
+                        need_weights=need_weights)
             x, w = out if need_weights else (out, None)
             weights.append(w)
         x = self.dec_norm(x)
@@ -165,14 +164,12 @@ class TranslationModel(KernelRegularized, nn.Module):
         if t <= n:
             raise ValueError(f"prefix of length {t} has nothing new after the {n} cached positions")
         dev = prefix.device
-        pos, mem_pos = torch.arange(n, t, device=dev), torch.arange(0, n, device=dev)
-        x = self._embed(self.tgt_embed, prefix[:, n:], pos)
+        x = self._embed(self.tgt_embed, prefix[:, n:], torch.arange(n, t, device=dev))
         new_cache = []
         for i, block in enumerate(self.decoder):
             mem = None if cache is None else cache[i]
             new_cache.append(x if mem is None else torch.cat([mem, x], 1))
-            x = block(x, pos=pos, memory=mem, memory_pos=mem_pos if mem is not None else None,
-                      context=enc["out"], context_pos=enc["pos"], context_key_mask=enc["key_mask"])
+            x = block(x, memory=mem, context=enc["out"], context_key_mask=enc["key_mask"])
         x = self.dec_norm(x[:, -1])
         weight = self.tgt_embed.weight if self.output is None else self.output.weight
         logits = x @ weight.t()
@@ -183,12 +180,12 @@ class TranslationModel(KernelRegularized, nn.Module):
     @staticmethod
     def reorder_state(state: dict[str, Any], index: Tensor) -> dict[str, Any]:
         """Batch rows ``index`` of encoder states or of an incremental state (beam search expands and
-        reorders hypotheses); positions are shared by the batch and stay as they are."""
+        reorders hypotheses)."""
         if "enc" in state:
             cache = state.get("cache")
             return {"enc": TranslationModel.reorder_state(state["enc"], index),
                     "cache": None if cache is None else [c.index_select(0, index) for c in cache]}
-        return {k: (v.index_select(0, index) if isinstance(v, Tensor) and k != "pos" else v)
+        return {k: (v.index_select(0, index) if isinstance(v, Tensor) else v)
                 for k, v in state.items() if k != "weights"}
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_key_mask: Tensor | None = None,

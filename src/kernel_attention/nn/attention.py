@@ -97,6 +97,8 @@ class KernelAttention(nn.Module):
             raise SpecError(f"value_position='relative' needs a relative value table; position "
                             f"{self.position.name!r} has none (use position='shaw')")
         self.value_position = value_position
+        # whether forward needs positions: without, a call given none forms no default ones
+        self.reads_positions = self.position.reads_positions or value_position == "absolute"
         if value_position == "absolute":
             # Eq. 7 needs an absolute t; reuse the direct-sum encoding when there is one.
             self.value_encoding = (self.position.encoding if isinstance(self.position, AbsolutePosition)
@@ -127,14 +129,18 @@ class KernelAttention(nn.Module):
         return q, k, v, self.position.terms(q, k, pos_q, pos_k, offset)
 
     def forward(self, query: Tensor, key: Tensor | None = None, *, pos_q: Tensor | None = None,
-                pos_k: Tensor | None = None, memory: Tensor | None = None, mask=None,
-                key_mask: Tensor | None = None, need_weights: bool = False):
+                pos_k: Tensor | None = None, query_offset: int | None = None, memory: Tensor | None = None,
+                mask=None, key_mask: Tensor | None = None, need_weights: bool = False):
         """
         Args:
             query: (B, Tq, d_model) features f of the queries.
             key: (B, Tk, kdim) features of the keys/values; None = self-attention on ``query``.
             pos_q, pos_k: integer positions (T,), (T, A) or (B, T, A).  Default: keys 0..Tk-1, queries
-                aligned to the last Tq keys in self-attention, 0..Tq-1 in cross-attention.
+                aligned to the last Tq keys in self-attention, 0..Tq-1 in cross-attention.  Positions left to
+                their defaults are known without reading them: on a GPU no relative term waits for a read
+                of them back to the host.
+            query_offset: without ``pos_q``, the queries' first position (one axis): o..o+Tq-1 (say, a
+                decoder's cross-attention from the tokens after its cached ones).
             memory: (B, M, d_model) cached states prepended to the keys (Transformer-XL); the caller
                 detaches them.  Positions then cover [memory; segment].
             mask: extra filter for this call (bool tensor, float tensor, Filter or name), intersected
@@ -152,19 +158,25 @@ class KernelAttention(nn.Module):
         if query.dim() != 3 or key.dim() != 3:
             raise ValueError(f"query and key must be (B, T, d_model), got {tuple(query.shape)} and {tuple(key.shape)}")
         tq, tk = query.shape[1], key.shape[1]
+        if query_offset is not None and (pos_q is not None or self.axes != 1):
+            raise ValueError("query_offset places the default query positions of one axis; got pos_q as well"
+                             if pos_q is not None else f"query_offset needs one position axis, this layer has {self.axes}")
         # default positions are known without reading them: t_k = j, t_q = offset + i
-        offset = (tk - tq if self_attention else 0) if pos_q is None and pos_k is None and self.axes == 1 else None
-        if pos_q is None or pos_k is None:
-            dq, dk = default_positions(tq, tk, query.device, self_attention)
-            if self.axes != 1 and (pos_q is None or pos_k is None):
-                raise ValueError(f"with {self.axes} position axes, pass pos_q and pos_k explicitly")
-            pos_q = dq if pos_q is None else pos_q
-            pos_k = dk if pos_k is None else pos_k
-        pos_q = as_positions(pos_q, self.axes, "pos_q")
-        pos_k = as_positions(pos_k, self.axes, "pos_k")
-        if pos_q.shape[1] != tq or pos_k.shape[1] != tk:
-            raise ValueError(f"positions do not match the sequences: pos_q has {pos_q.shape[1]} for Tq={tq}, "
-                             f"pos_k has {pos_k.shape[1]} for Tk={tk}")
+        offset = None
+        if pos_q is None and pos_k is None and self.axes == 1:
+            offset = query_offset if query_offset is not None else (tk - tq if self_attention else 0)
+        if self.reads_positions or pos_q is not None or pos_k is not None:  # else none are formed
+            if pos_q is None or pos_k is None:
+                dq, dk = default_positions(tq, tk, query.device, self_attention, query_offset)
+                if self.axes != 1:
+                    raise ValueError(f"with {self.axes} position axes, pass pos_q and pos_k explicitly")
+                pos_q = dq if pos_q is None else pos_q
+                pos_k = dk if pos_k is None else pos_k
+            pos_q = as_positions(pos_q, self.axes, "pos_q")
+            pos_k = as_positions(pos_k, self.axes, "pos_k")
+            if pos_q.shape[1] != tq or pos_k.shape[1] != tk:
+                raise ValueError(f"positions do not match the sequences: pos_q has {pos_q.shape[1]} for Tq={tq}, "
+                                 f"pos_k has {pos_k.shape[1]} for Tk={tk}")
         # a direct kernel's weights are as exact as q and k (kernel_attention.attention): its projections
         # stay in float32 under autocast too
         wide = not self.kernel.positive and torch.is_autocast_enabled(query.device.type)

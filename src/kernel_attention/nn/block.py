@@ -105,13 +105,11 @@ class TransformerBlock(nn.Module):
                 raise ValueError("this block has cross-attention; pass context=(B, S, d) encoder states")
 
             # The segment's own positions: after the memory when there is one, as in self-attention.
-            seg_pos = pos
-            if seg_pos is None and memory is not None:
-                seg_pos = torch.arange(memory.shape[1], memory.shape[1] + x.shape[1], device=x.device)
+            offset = memory.shape[1] if pos is None and memory is not None else None
 
             def cross_fn(h):
-                return self.cross_attn(h, context, pos_q=seg_pos, pos_k=context_pos, key_mask=context_key_mask,
-                                       need_weights=need_weights)
+                return self.cross_attn(h, context, pos_q=pos, pos_k=context_pos, query_offset=offset,
+                                       key_mask=context_key_mask, need_weights=need_weights)
 
             x, weights["cross"] = self._sublayer(x, self.ln_cross, cross_fn)
         x, _ = self._sublayer(x, self.ln2, self.ffn)

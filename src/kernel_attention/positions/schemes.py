@@ -80,10 +80,12 @@ def _distance_range(pq: Tensor, pk: Tensor) -> tuple[int, int]:
 
 class PositionScheme(nn.Module):
     """Base class.  ``absolute``: whether the scheme changes the inputs (direct sum);
-    ``relative_value``: whether it can add a relative term to the value function."""
+    ``relative_value``: whether it can add a relative term to the value function; ``reads_positions``:
+    whether :meth:`inputs` or :meth:`terms` read the positions (a layer then forms the defaults)."""
 
     name = "none"
     relative_value = False
+    reads_positions = True
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, axes: int = 1):
         super().__init__()
@@ -110,6 +112,8 @@ POSITIONS = Registry("position", base=PositionScheme)
 @POSITIONS.register("none")
 class NoPosition(PositionScheme):
     """No positional information: the kernel sees f alone (X = F; sets, or Table 3's "no PE")."""
+
+    reads_positions = False
 
 
 @POSITIONS.register("absolute", [
@@ -293,13 +297,17 @@ def make_position(spec, *, d_model: int, n_heads: int, d_head: int, axes: int = 
     return POSITIONS.create(spec, **extra)
 
 
-def default_positions(tq: int, tk: int, device, self_attention: bool) -> tuple[Tensor, Tensor]:
+def default_positions(tq: int, tk: int, device, self_attention: bool,
+                      query_offset: int | None = None) -> tuple[Tensor, Tensor]:
     """Positions when none are given: keys 0..Tk-1; queries aligned to the last Tq keys in
-    self-attention (a memory sits in front of the segment), 0..Tq-1 in cross-attention."""
+    self-attention (a memory sits in front of the segment), 0..Tq-1 in cross-attention, or
+    ``query_offset``..``query_offset`` + Tq - 1 when given (cross-attention from the segment after a memory)."""
     if self_attention and tq > tk:
         raise ValueError(f"self-attention with Tq={tq} queries and Tk={tk} keys: the queries are the last Tq of the "
                          "keys, so Tq <= Tk (pass pos_q and pos_k for another alignment)")
     pk = torch.arange(tk, device=device)
-    # In self-attention pq is a view of pk's tail, which lets ``product`` project the positions once
-    pq = pk[tk - tq:] if self_attention else torch.arange(tq, device=device)
+    if query_offset is not None and not (self_attention and query_offset == tk - tq):
+        pq = torch.arange(query_offset, query_offset + tq, device=device)
+    else:  # in self-attention pq is a view of pk's tail, which lets ``product`` project the positions once
+        pq = pk[tk - tq:] if self_attention else torch.arange(tq, device=device)
     return as_positions(pq, 1), as_positions(pk, 1)
