@@ -65,7 +65,7 @@ class ToyTask(Task):
         batch = self.to_device(batch)
         logits = model(batch[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, self.vocab), batch[:, 1:].reshape(-1))
-        return loss, {"nll": float(loss.detach())}
+        return loss, {"nll": loss.detach()}  # a tensor: the trainer reads it when it writes a record
 
     def evaluate(self, model, split):
         g = torch.Generator().manual_seed(10_000 + (split == "test"))

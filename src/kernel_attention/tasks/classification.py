@@ -143,7 +143,7 @@ class ClassificationTask(Task):
         batch = self.to_device(batch)
         logits = model(batch["tokens"])
         loss = F.cross_entropy(logits.float(), batch["labels"])
-        return loss, {"accuracy": accuracy(logits.argmax(-1), batch["labels"])}
+        return loss, {"accuracy": (logits.argmax(-1) == batch["labels"]).float().mean()}  # not read per step
 
     def evaluate(self, model, split):
         self._prepare()

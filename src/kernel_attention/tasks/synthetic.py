@@ -104,7 +104,7 @@ class SyntheticSeq2SeqTask(Task):
         batch = self.to_device(batch)
         logits = model(batch["src"], batch["tgt_in"])
         loss, nll, _ = label_smoothed_nll(logits, batch["tgt_out"], self.label_smoothing, PAD)
-        return loss, {"nll": float(nll.detach())}
+        return loss, {"nll": nll.detach()}
 
     def decode(self, model: nn.Module, src: torch.Tensor, max_len: int) -> torch.Tensor:
         """Generated tokens (B, L) ending in <eos>, right-padded (greedy, or beam when eval.beam > 1)."""

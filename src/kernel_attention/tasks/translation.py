@@ -133,7 +133,7 @@ class TranslationTask(Task):
         logits = model(batch["src"], batch["tgt_in"])
         loss, nll, _ = label_smoothed_nll(logits, batch["tgt_out"], self.label_smoothing,
                                           self.prepared.tgt_vocab.pad_id)
-        return loss, {"nll": float(nll.detach())}
+        return loss, {"nll": nll.detach()}
 
     @torch.no_grad()
     def translate_ids(self, model: nn.Module, src: torch.Tensor) -> list[list[int]]:

@@ -259,7 +259,8 @@ class Trainer:
         return self.config.patience is not None and self.stale_evals >= self.config.patience
 
     def _update(self, group: list[Any]) -> dict[str, float]:
-        """One optimiser step over the micro-batches of ``group``; returns the rank-local logs."""
+        """One optimiser step over the micro-batches of ``group``; returns the rank-local logs (floats, or scalar
+        tensors on the device, which the host does not wait for until a record is written)."""
         model, n = self.model, len(group)
         lr = self.schedule(self.step)
         for g in self.optimizer.param_groups:
@@ -277,11 +278,11 @@ class Trainer:
                     if callable(reg_fn):
                         reg = reg_fn()
                         total = loss + self.config.regularization_weight * reg
-                        logs = {**logs, "regularization": float(reg.detach())}
+                        logs = {**logs, "regularization": reg.detach()}
                 self.scaler.scale(total / n).backward()
             loss_sum += loss.detach().float()
-            for k, v in logs.items():
-                sums[k] = sums.get(k, 0.0) + float(v) / n
+            for k, v in logs.items():  # tensors stay on the device: read when a record is written
+                sums[k] = sums.get(k, 0.0) + (v.detach().float() if isinstance(v, torch.Tensor) else float(v)) / n
             t = self.task.batch_tokens(batch)
             tokens += int(t) if t is not None else 0
         out = {"loss": loss_sum / n, **sums}
@@ -340,13 +341,13 @@ class Trainer:
                         break
                     logs = self._update(group)
                     for k, v in logs.items():
-                        acc[k] = acc.get(k, 0.0) + float(v)
+                        acc[k] = acc.get(k, 0.0) + v
                     steps_since += 1
                     tokens_since += self._tokens
                     bar.update(1)
                     since_save, stop = None, False  # seconds since last.pt (the ranks' mean); Ctrl-C on a rank
                     if self.step % c.log_every == 0 or self._done():
-                        vals = D.all_reduce_mean({**{k: v / steps_since for k, v in acc.items()},
+                        vals = D.all_reduce_mean({**{k: float(v) / steps_since for k, v in acc.items()},
                                                   SINCE_SAVE: time.time() - self._saved_at,
                                                   STOP: float(interrupt.requested)}, self.device)
                         since_save, stop = vals.pop(SINCE_SAVE), vals.pop(STOP) > 0

@@ -83,7 +83,8 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """Mean loss of one micro-batch (a scalar tensor with a graph) and floats to log."""
+        """Mean loss of one micro-batch (a scalar tensor with a graph) and values to log: floats, or scalar
+        tensors, which the trainer reads only when it writes a record (a read waits for a GPU)."""
 
     @abc.abstractmethod
     def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
