@@ -182,7 +182,9 @@ def resolve_mask(mask, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
             raise ValueError(f"key_mask must be bool of shape (B={b}, Tk={tk}), True = real token; got "
                              f"{tuple(key_mask.shape)} {key_mask.dtype}")
     keep = None
-    if filt is not None and not (filt.kind == "full" and key_mask is None):
+    # a full filter keeps every pair: with a key mask, the mask is the key mask's (B, 1, 1, Tk), which fused
+    # attention takes as padding, not a (B, 1, Tq, Tk) formed from it
+    if filt is not None and filt.kind != "full":
         if defer and key_mask is None and filt.by_spec and not torch.compiler.is_compiling():
             return functools.partial(_filter_mask, filt, tq, tk, q.device, None), check_float_mask(
                 "float mask", bias, q, k), filt

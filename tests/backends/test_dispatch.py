@@ -5,6 +5,7 @@ import dataclasses
 import re
 
 import pytest
+import torch
 from _common import B, D, DT, H, inputs
 
 import kernel_attention as ka
@@ -42,6 +43,20 @@ def test_auto_picks_the_expected_backend():
     assert "neither full, causal (Tq = Tk) nor padding" in _choice("exp", "local:window=2").reasons["sdpa"]
     name, reasons = ka.choose_backend(*inputs(23, 23), "exp")
     assert name == "sdpa" and list(reasons) == list(ORDER)
+
+
+def test_a_full_filter_with_a_key_mask_runs_as_padding():
+    """``KernelAttention``'s default filter is ``full``: with a batch's padding it is the key mask's (B, 1, 1, Tk),
+    one fused call (SDPA, or the linear backend on a direct kernel), not a (B, 1, Tq, Tk) mask for blockwise."""
+    q, k, v = inputs(23, 23)
+    key_mask = torch.ones(B, 23, dtype=torch.bool)
+    key_mask[0, 17:] = False
+    for mask in (None, "full", ka.make_filter("full")):
+        c = explain(q, k, v, "exp", mask, key_mask=key_mask)
+        assert c.name == "sdpa" and c.reasons["sdpa"].endswith("padding mask"), (mask, c.reasons["sdpa"])
+        torch.testing.assert_close(attention(q, k, v, "exp", mask, key_mask=key_mask),
+                                   attention(q, k, v, "exp", mask, key_mask=key_mask, backend="dense"))
+    assert explain(q, k, v, "linear", "full", key_mask=key_mask, backend="linear").name == "linear"
 
 
 def test_explain_names_every_backend_in_order_with_a_reason():
