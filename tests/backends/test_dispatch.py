@@ -40,7 +40,7 @@ def test_auto_picks_the_expected_backend():
     assert "direct" in c.reasons["blockwise"]
     assert c.reasons["dense"].startswith("chosen")
     assert "local" in _choice("exp", "local:window=2").reasons["blockwise"]
-    assert "neither full, causal (Tq = Tk) nor padding" in _choice("exp", "local:window=2").reasons["sdpa"]
+    assert "neither full, causal (Tq = Tk), padding nor causal with padding" in _choice("exp", "local:window=2").reasons["sdpa"]
     name, reasons = ka.choose_backend(*inputs(23, 23), "exp")
     assert name == "sdpa" and list(reasons) == list(ORDER)
 
@@ -57,6 +57,30 @@ def test_a_full_filter_with_a_key_mask_runs_as_padding():
         torch.testing.assert_close(attention(q, k, v, "exp", mask, key_mask=key_mask),
                                    attention(q, k, v, "exp", mask, key_mask=key_mask, backend="dense"))
     assert explain(q, k, v, "linear", "full", key_mask=key_mask, backend="linear").name == "linear"
+
+
+@pytest.mark.parametrize("kernel,backend", [("exp", "auto"), ("rbf", "auto"), ("rbf", "sdpa:key_bias=mask")])
+def test_causal_with_padding_runs_on_sdpa_up_to_the_policys_keys(kernel, backend):
+    """A decoder's batch: the causal filter and a key mask, as one SDPA call on the formed (B, 1, Tq, Tk) mask up
+    to the policy's ``sdpa_mask_max_keys`` (CPU: 512), with the values and gradients of dense; a row with no key
+    (left padding, an empty sequence) gives zeros and zero gradient."""
+    t = 9
+    q, k, v = (x.requires_grad_() for x in inputs(t, t))
+    key_mask = torch.ones(B, t, dtype=torch.bool)
+    key_mask[0, 6:] = False
+    key_mask[1, :2] = False
+    assert explain(q, k, v, kernel, "causal", key_mask=key_mask, backend=backend).name == "sdpa"
+    grads = []
+    for be in (backend, "dense"):
+        out = attention(q, k, v, kernel, "causal", key_mask=key_mask, backend=be)
+        grads.append((out,) + torch.autograd.grad((out * out.detach().cos()).sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    assert grads[0][0][1, :, :2].abs().max() == 0 and grads[0][1][1, :, :2].abs().max() == 0
+    assert POLICIES["cpu"].sdpa_mask_max_keys == 512 and POLICIES["cuda"].sdpa_mask_max_keys is None
+    q, k, v = inputs(513, 513)
+    c = explain(q, k, v, kernel, "causal", key_mask=torch.ones(B, 513, dtype=torch.bool))
+    assert c.name != "sdpa" and "above 512 keys (here 513)" in c.reasons["sdpa"]
 
 
 def test_explain_names_every_backend_in_order_with_a_reason():

@@ -17,6 +17,10 @@ bool mask for other filters.  The SDPA rows of the table are separate cells, for
 ``--dropout P`` times training-shaped calls: dropout P on the weights for every backend and for the SDPA
 baseline alike (which on the CPU takes SDPA's math path: its flash kernel has no dropout).  The kernels
 run in training mode in any case, so a kernel with magnitude dropout (``ikan:official=true``) draws it.
+
+``--padding F`` gives every other sequence of the batch its last F·T keys as padding (a key mask, as a batch of
+sentences has): every backend gets it as ``key_mask``, the SDPA baseline as the bool mask of the filter and
+the padding together.
 """
 
 from __future__ import annotations
@@ -96,6 +100,13 @@ def run_cell(cell: dict) -> dict:
         mask = make_filter(filt).mask(t, t, dev)
 
     drop = cell.get("dropout", 0.0)
+    key_mask = None
+    if cell.get("padding"):
+        key_mask = torch.ones(b, t, dtype=torch.bool, device=dev)
+        key_mask[::2, t - int(cell["padding"] * t):] = False
+        keep = torch.ones(t, t, dtype=torch.bool, device=dev).tril() if causal else mask
+        mask = key_mask[:, None, None, :] if keep is None else keep & key_mask[:, None, None, :]
+        causal = False
 
     def sdpa():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, dropout_p=drop, **gqa)
@@ -115,7 +126,7 @@ def run_cell(cell: dict) -> dict:
         def fn():
             with validation(cell.get("checks", True)):
                 return attention(q, k, v, kern, filt, terms=pos.terms(q, k, pq, pk, 0), backend=backend,
-                                 dropout_p=drop, **gqa)
+                                 dropout_p=drop, key_mask=key_mask, **gqa)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
@@ -262,6 +273,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-dense-above", type=int, default=None, help="skip dense for T above this")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout on the weights, for every backend and the SDPA baseline (default 0)")
+    p.add_argument("--padding", type=float, default=0.0,
+                   help="every other sequence's last fraction of keys as padding, a key mask (default 0: none)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -278,6 +291,10 @@ def run(args) -> int:
         print(f"kernel-attention bench: --kv-heads must be a divisor of --H={args.H} (key/value heads shared by "
               f"H / kv-heads query heads each), got {args.kv_heads}", file=sys.stderr)
         return 2
+    if not 0.0 <= args.padding < 1.0:
+        print(f"kernel-attention bench: --padding must be a fraction in [0, 1) of each padded sequence's keys, "
+              f"got {args.padding}", file=sys.stderr)
+        return 2
     if args.kernels or args.positions or args.filters:
         variants = list(itertools.product(args.kernels or ["exp"], args.positions or ["none"],
                                           args.filters or ["full"]))
@@ -290,7 +307,7 @@ def run(args) -> int:
     for t in args.T:
         common = dict(T=t, B=args.B, H=args.H, D=args.D, kv_heads=args.kv_heads, threads=threads,
                       device=args.device, dtype=dtype,
-                      checks=not args.no_checks, dropout=args.dropout,
+                      checks=not args.no_checks, dropout=args.dropout, padding=args.padding,
                       repeats=args.repeats if t < 4096 else max(1, args.repeats - 1))
         for filt in dict.fromkeys(f for _, _, f in variants):
             cell = dict(common, kernel="exp", position="none", filter=filt, backend=BASELINE)
@@ -322,7 +339,7 @@ def _write(args, results: list[Result], threads: int, dtype: str, started: float
             f.write(f"Command: `{cmd}`\n\nMachine: {machine(threads)}\n\nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                     f"wall time {time.time() - started:.0f} s, dtype {dtype}, B={args.B}, H={args.H}, D={args.D}, "
                     f"{'' if args.kv_heads in (None, args.H) else f'{args.kv_heads} key/value heads, '}"
-                    f"dropout {args.dropout:g}\n\n")
+                    f"dropout {args.dropout:g}{f', padding {args.padding:g}' if args.padding else ''}\n\n")
             f.write(text + "\n")
         with open(args.out + ".json", "w") as f:
             json.dump([dataclasses.asdict(r) for r in results], f, indent=1)

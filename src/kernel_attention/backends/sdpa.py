@@ -12,7 +12,9 @@ or an inner product (``product``: its features are concatenated), and a filter t
 
 A padding mask enters as a float mask with a large finite negative (not -inf) at padded keys, and the
 rows of a sequence with no real key are zeroed after the call: a query whose filtered set is empty gets
-zeros and zero gradient without reading the mask back to the host.
+zeros and zero gradient without reading the mask back to the host.  The causal filter with padding (a
+decoder's batch) enters so too, as its formed (B, 1, Tq, Tk) mask, up to the device policy's
+``sdpa_mask_max_keys``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from kernel_attention.backends.policy import policy
 from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import sdpa_layout
 
-__all__ = ["SdpaBackend", "shared_positions"]
+__all__ = ["SdpaBackend", "shared_positions", "causal_padding"]
+
+
+def causal_padding(p: Problem) -> bool:
+    """Whether the filter is the causal set (Tq = Tk) intersected with a key mask, its mask formed."""
+    return (p.filter is not None and p.filter.kind == "causal" and p.key_mask is not None and not p.deferred
+            and p.shape[2] == p.shape[3])
 
 
 def shared_positions(p: Problem) -> bool:
@@ -73,8 +81,8 @@ class SdpaBackend(Backend):
                               or t.key_bias is not None):
             return "positional terms other than product's inner product (shaw, xl, float masks) enter log k per pair"
         b, h, tq, tk = p.shape
-        if not (p.full or (p.causal and tq == tk) or p.key_only):
-            return f"filter {p.filter!r} is neither full, causal (Tq = Tk) nor padding"
+        if not (p.full or (p.causal and tq == tk) or p.key_only or causal_padding(p)):
+            return f"filter {p.filter!r} is neither full, causal (Tq = Tk), padding nor causal with padding"
         if layout == "bias" and (p.dropout_p > 0 or p.q.device.type != "cpu"):
             return "a key bias as the fused kernel's mask is differentiable on the CPU without dropout only"
         return None
@@ -86,6 +94,11 @@ class SdpaBackend(Backend):
         if pol.dropout_blocked_elements is not None and p.dropout_p > 0 and p.pairs > pol.dropout_blocked_elements:
             return (f"with dropout, the CPU's fused kernel forms the (Tq, Tk) weights whole; above "
                     f"{pol.dropout_blocked_elements} (B, H, Tq, Tk) elements (here {p.pairs}) blockwise is faster")
+        if causal_padding(p) and (pol.sdpa_mask_max_keys is None or p.shape[3] > pol.sdpa_mask_max_keys):
+            return ("the causal filter with padding is a (Tq, Tk) mask" + (
+                    f"; above {pol.sdpa_mask_max_keys} keys (here {p.shape[3]}) blockwise, which skips the blocks "
+                    f"past the diagonal, is faster" if pol.sdpa_mask_max_keys is not None else
+                    " that this device's policy does not give SDPA"))
         if pol.sliced_min_keys is not None and p.dropout_p == 0 and shared_positions(p):
             return ("product's positions are shared by the batch: their logits formed once per block "
                     "(blockwise, or dense on short sequences) were faster than concatenated features")
@@ -94,7 +107,8 @@ class SdpaBackend(Backend):
     def describe(self, p: Problem) -> str:
         how = "key bias" if sdpa_layout(p.kernel, self.key_bias) == "bias" else "features"
         extra = " + concatenated positional features" if p.terms is not None and p.terms.q_feat is not None else ""
-        mask = ", causal" if not p.full and not p.key_only else (", padding mask" if not p.full else "")
+        mask = (", causal with padding (its mask formed)" if causal_padding(p) else
+                ", causal" if not p.full and not p.key_only else (", padding mask" if not p.full else ""))
         grouped = ", on the grouped key/value heads" if p.kv_groups > 1 and _runs_grouped(p, self.key_bias) else ""
         return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}{grouped}"
 
@@ -103,13 +117,15 @@ class SdpaBackend(Backend):
         if groups > 1 and not _runs_grouped(p, self.key_bias):
             k, v, groups = p.k, p.v, 1
         qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, k=k)
-        km = key_only_mask(p)
-        is_causal = p.keep is not None and km is None
+        keep = key_only_mask(p)
+        if keep is None and causal_padding(p):
+            keep = p.keep
+        is_causal = p.keep is not None and keep is None
         mask = empty = None
-        if km is not None:
+        if keep is not None:
             big = -0.5 * torch.finfo(qf.dtype).max  # finite: a row with no key stays finite, then is zeroed
-            mask = torch.zeros(km.shape, dtype=qf.dtype, device=qf.device).masked_fill(~km, big)
-            empty = ~km.any(-1, keepdim=True)  # (B|1, H|1, 1, 1)
+            mask = torch.zeros(keep.shape, dtype=qf.dtype, device=qf.device).masked_fill(~keep, big)
+            empty = ~keep.any(-1, keepdim=True)  # (B|1, H|1, 1 | Tq, 1)
         if key_bias is not None:
             out = KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale)
         else:
