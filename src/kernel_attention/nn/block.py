@@ -105,7 +105,7 @@ class TransformerBlock(nn.Module):
                 raise ValueError("this block has cross-attention; pass context=(B, S, d) encoder states")
 
             # The segment's own positions: after the memory when there is one, as in self-attention.
-            offset = memory.shape[1] if pos is None and memory is not None else None
+            offset = memory.shape[1] if pos is None and memory is not None and self.cross_attn.axes == 1 else None
 
             def cross_fn(h):
                 return self.cross_attn(h, context, pos_q=pos, pos_k=context_pos, query_offset=offset,

@@ -258,7 +258,7 @@ class Trainer:
         """True once ``patience`` evaluations in a row have not improved the validation metric."""
         return self.config.patience is not None and self.stale_evals >= self.config.patience
 
-    def _update(self, group: list[Any]) -> dict[str, float]:
+    def _update(self, group: list[Any]) -> dict[str, float | torch.Tensor]:
         """One optimiser step over the micro-batches of ``group``; returns the rank-local logs (floats, or scalar
         tensors on the device, which the host does not wait for until a record is written)."""
         model, n = self.model, len(group)

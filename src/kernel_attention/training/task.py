@@ -82,7 +82,7 @@ class Task(abc.ABC):
         """The micro-batches of ``epoch`` for ``rank``; deterministic given the task's seed and ``epoch``."""
 
     @abc.abstractmethod
-    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float | torch.Tensor]]:
         """Mean loss of one micro-batch (a scalar tensor with a graph) and values to log: floats, or scalar
         tensors, which the trainer reads only when it writes a record (a read waits for a GPU)."""
 
