@@ -14,6 +14,23 @@ for folder in ("training", "backends"):
         sys.path.insert(0, path)
 
 
+@pytest.fixture
+def host_reads(monkeypatch):
+    """The list to which every read of a tensor's value by the host (bool, int, float, item, tolist) appends the
+    file of the code that read it: on a GPU each such read waits for the device."""
+    reads = []
+
+    def counted(orig):
+        def read(self, *a, **k):
+            reads.append(sys._getframe(1).f_code.co_filename)
+            return orig(self, *a, **k)
+        return read
+
+    for name in ("__bool__", "__int__", "__float__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
+    return reads
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -8,16 +8,6 @@ from kernel_attention.functional import validation
 from kernel_attention.models import LanguageModel, TranslationModel
 
 
-@pytest.fixture
-def host_reads(monkeypatch):
-    """The list that every read of a tensor's value by the host (bool, int, float, item, tolist) appends to."""
-    reads = []
-    for name in ("__bool__", "__int__", "__float__", "item", "tolist"):
-        orig = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, **k: reads.append(name) or _o(self, *a, **k))
-    return reads
-
-
 # dense: every scheme's terms are formed by the library itself, as on a GPU where no fused kernel runs them
 POSITIONS = ["xl", "shaw", "product", "absolute"]
 
