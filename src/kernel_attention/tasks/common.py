@@ -7,37 +7,11 @@ import zlib
 from typing import Any, Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 
 from kernel_attention.registry import SpecError
+from kernel_attention.tasks.cross_entropy import label_smoothed_nll
 
 __all__ = ["label_smoothed_nll", "generator", "check_options", "model_spec"]
-
-
-def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: float = 0.0,
-                       ignore_index: int | None = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
-    r"""fairseq's ``label_smoothed_cross_entropy``, averaged over non-ignored tokens.
-
-    With lprobs = log_softmax(logits), V classes and eps_i = epsilon / (V - 1):
-
-        loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v -lprobs_v
-
-    Returns ``(mean smoothed loss, mean nll, n_tokens)``; logits (..., V), target (...) long.
-    """
-    lprobs = F.log_softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])
-    target = target.reshape(-1)
-    keep = torch.ones_like(target, dtype=torch.bool) if ignore_index is None else target.ne(ignore_index)
-    # ignored tokens are weighted by 0 rather than indexed out: selecting rows would copy the (N, V) lprobs
-    nll = -lprobs.gather(1, target.masked_fill(~keep, 0)[:, None]).squeeze(1)
-    if epsilon > 0:
-        eps_i = epsilon / (lprobs.shape[-1] - 1)
-        loss = (1.0 - epsilon - eps_i) * nll - eps_i * lprobs.sum(-1)
-    else:
-        loss = nll
-    w = keep.to(lprobs.dtype)
-    n = int(keep.sum())
-    denom = max(n, 1)
-    return (loss * w).sum() / denom, (nll * w).sum() / denom, n
 
 
 def generator(seed: int, *salt: Any) -> torch.Generator:

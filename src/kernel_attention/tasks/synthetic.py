@@ -128,7 +128,7 @@ class SyntheticSeq2SeqTask(Task):
             batch = self.to_device(with_decoder_input(src, tgt))
             logits = model(batch["src"], batch["tgt_in"])
             _, nll, n = label_smoothed_nll(logits, batch["tgt_out"], 0.0, PAD)
-            loss_sum += float(nll) * n
+            loss_sum += float(nll) * int(n)
             keep = batch["tgt_out"].ne(PAD)
             correct += int((logits.argmax(-1).eq(batch["tgt_out"]) & keep).sum())
             tokens += int(keep.sum())

@@ -182,7 +182,7 @@ class TranslationTask(Task):
             b = collate([data.src[j] for j in idx], [data.tgt[j] for j in idx], idx, v.pad_id, v.bos_id, v.eos_id)
             src, tgt_in, tgt_out = (t.to(self.device) for t in (b.src, b.tgt_in, b.tgt_out))
             _, nll, k = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.0, v.pad_id)
-            nll_sum, tokens = nll_sum + float(nll) * k, tokens + k
+            nll_sum, tokens = nll_sum + float(nll) * int(k), tokens + int(k)
             for j, hyp in zip(idx, self.translate_ids(model, src)):
                 hyps.append(remove_bpe(" ".join(v.decode(hyp))))
                 refs.append(data.ref[j])
