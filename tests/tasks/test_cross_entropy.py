@@ -70,6 +70,7 @@ def test_matches_pytorch_cross_entropy_with_gradients(blocks, epsilon, ignore_in
     torch.testing.assert_close(nll, ref_nll)
     assert x.grad.dtype == dtype
     torch.testing.assert_close(x.grad, y.grad)
+    assert torch.equal(x.detach(), logits)  # the logits are read, not worked on in place
 
 
 def test_nothing_to_score_gives_zeros_not_nan():

@@ -21,6 +21,8 @@ a parallel region that waits for all of them, and on a loaded machine one desche
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -28,6 +30,8 @@ __all__ = ["label_smoothed_nll"]
 
 # float32 elements per block on the CPU: a few MiB, within a core's share of the cache
 _CPU_BLOCK = 1 << 19
+# exp(x) as exp2(x log2 e): torch's exp2 runs at about twice exp's speed on the CPU, where the loss is bound by it
+_LOG2E = 1.0 / math.log(2.0)
 
 
 def _blocks(x: Tensor) -> tuple[range, int]:
@@ -49,9 +53,11 @@ class _SmoothedNLL(torch.autograd.Function):
         total = torch.empty(n, dtype=torch.float32, device=x.device)
         starts, rows = _blocks(x)
         for i in starts:
-            xb = x[i:i + rows].float()
-            torch.logsumexp(xb, -1, out=lse[i:i + rows])
+            xb = x[i:i + rows].to(torch.float32, copy=True)  # worked on in place
             torch.sum(xb, -1, out=total[i:i + rows])
+            m = xb.amax(-1, keepdim=True)
+            m = m.masked_fill(m.isinf(), 0.0)  # a row of -inf has lse -inf, as torch.logsumexp's
+            lse[i:i + rows] = xb.sub_(m).mul_(_LOG2E).exp2_().sum(-1).log_().add_(m.squeeze(-1))
         nll = lse - x.gather(1, target[:, None]).squeeze(1).float()
         eps_i = epsilon / (v - 1) if v > 1 else 0.0
         a = 1.0 - epsilon - eps_i
@@ -73,7 +79,7 @@ class _SmoothedNLL(torch.autograd.Function):
         starts, rows = _blocks(x)
         for i in starts:
             g = gw[i:i + rows]
-            p = (x[i:i + rows].float() - lse[i:i + rows, None]).exp_()
+            p = (x[i:i + rows] - lse[i:i + rows, None]).mul_(_LOG2E).exp2_()  # softmax, float32
             p.mul_(g * (a + v * eps_i)).sub_(g * eps_i)
             p.scatter_add_(1, target[i:i + rows, None], g * -a)
             grad[i:i + rows] = p
