@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from kernel_attention.dropout import Dropout
 from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
                                             sinusoidal_input)
@@ -40,7 +41,7 @@ class SentenceClassifier(KernelRegularized, nn.Module):
         self.embed = ScaledEmbedding(vocab, d_model, pad_id)
         self.layers = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, attention=self.attn_cfg, norm=norm,
                                                      dropout=dropout) for _ in range(n_layers))
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.head = nn.Linear(d_model, n_classes)
         self.finish_kernels()
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernel_attention.dropout import Dropout
 from kernel_attention.filters import make_filter
 from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.adaptive_softmax import AdaptiveEmbedding, TiedAdaptiveLogSoftmax, check_cutoffs
@@ -97,7 +98,7 @@ class LanguageModel(KernelRegularized, nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, attention=cfg, norm=norm,
                                                      dropout=dropout) for _ in range(n_layers))
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.output = None if tie_output or adaptive else nn.Linear(d_model, vocab, bias=False)
         self.adaptive = None
         if adaptive and tie_output:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from kernel_attention.dropout import Dropout
 from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import KernelRegularized, attention_config
 
@@ -42,7 +43,7 @@ class SequenceRegressor(KernelRegularized, nn.Module):
         for _ in range(n_layers):
             block = TransformerBlock(d_model, n_heads, d_ff, attention=self.attn_cfg, norm="post", dropout=dropout)
             # The official code's FFN has a ReLU after both linear layers.
-            block.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout),
+            block.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout),
                                       nn.Linear(d_ff, d_model), nn.ReLU())
             self.layers.append(block)
         self.head = nn.Linear(d_model, out_features)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kernel_attention.dropout import Dropout
 from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
                                             causal_filter, share_xl_biases, sinusoidal_input)
@@ -95,7 +96,7 @@ class TranslationModel(KernelRegularized, nn.Module):
         # Pre-LN stacks end with a LayerNorm (fairseq normalize_before); post-LN blocks already end normalised.
         self.enc_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.output = None
         if not tie_output:
             self.output = nn.Linear(d_model, tgt_vocab, bias=False)

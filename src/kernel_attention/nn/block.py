@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from kernel_attention.dropout import Dropout
 from kernel_attention.nn.attention import KernelAttention
 from kernel_attention.positions.encodings import as_positions
 
@@ -52,9 +53,9 @@ class TransformerBlock(nn.Module):
             self.cross_attn = KernelAttention(d_model, n_heads, **cross_attention)
             self.ln_cross = nn.LayerNorm(d_model)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(),
-                                 nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+                                 Dropout(dropout), nn.Linear(d_ff, d_model))
         self.ln2 = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def _sublayer(self, x: Tensor, ln: nn.LayerNorm, fn) -> tuple[Tensor, object]:
         if self.norm == "pre":
