@@ -11,9 +11,9 @@ gradient needs only lse, not the (N, V) log-probabilities:
 
     dL/dx_nv = w_n / n_kept · ((a + V eps_i) softmax(x_n)_v - eps_i - a [v = y_n])
 
-Autograd through ``log_softmax``, ``gather`` and ``sum`` keeps the float32 log-probabilities and forms three more
-(N, V) tensors in the backward pass; here each block of rows is converted to float32, read and written once in
-each pass, and the count of kept rows stays a tensor (no read by the host, which on a GPU would wait for the
+Autograd through ``log_softmax``, ``gather`` and ``sum`` keeps the float32 log-probabilities and forms several
+more (N, V) tensors in the backward pass (the gather's zeros, their sum with the smoothing term's, the soft-max's
+gradient); here each block of rows is converted to float32, read and written once in each pass, and the count of kept rows stays a tensor (no read by the host, which on a GPU would wait for the
 device).  On the CPU with one thread a block is sized to stay in the cache, where the loss is memory-bound;
 otherwise it is the whole tensor, one kernel per operation: with several threads each operation on a block is
 a parallel region that waits for all of them, and on a loaded machine one descheduled thread stalls every block.
