@@ -139,9 +139,12 @@ def test_linear_kernel_weights_can_be_negative_but_poly_even_cannot():
 
 def test_amortised_implicit_kernel_refuses_a_filter_it_would_leak_through():
     """ikan's q(z|h) pools q, k over all positions: under a causal filter that leaks future tokens."""
-    with pytest.raises(ka.SpecError, match="amortized=false"):
-        ka.KernelAttention(8, 2, kernel="ikan", filter="causal")
+    for kernel in ("ikan", "ikan:amortized=keys"):  # pooling the keys alone leaks them as well
+        with pytest.raises(ka.SpecError, match="amortized=false"):
+            ka.KernelAttention(8, 2, kernel=kernel, filter="causal")
     ka.KernelAttention(8, 2, kernel="ikan:amortized=false", filter="causal")
+    with pytest.raises(ka.SpecError, match=r"amortized=.*one of \[True, False, 'keys'\]"):
+        ka.KernelAttention(8, 2, kernel="ikan:amortized=queries")
     ka.KernelAttention(8, 2, kernel="ikan", filter="padding")
     ka.KernelAttention(8, 2, kernel="ikan-direct", filter="causal")  # no amortisation, nothing leaks
 

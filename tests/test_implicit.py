@@ -152,12 +152,30 @@ def test_eval_is_deterministic_and_training_samples():
     kern.eval()
     a, b = kern.log_kernel(q, k), kern.log_kernel(q, k)
     assert torch.equal(a, b)
-    # The mean spectral points: w = sign(mu) NN(|mu|) (and its negative).
+    # The R points of the fixed noise: z~ = mu + std L eps (eps = eval_noise[0], the same for every example),
+    # z = [z~, -z~], w = sign(z) NN(|z|); the copula's L eps standardised, as in training.
     post = kern.density.posterior(q, k)
-    mu = post.mu.unsqueeze(2)
-    ws = kern.density.spectral(torch.cat([mu, -mu], 2))
+    eps = kern.eval_noise[0].expand(q.shape[0], -1, -1, -1)                 # (B, H, R/2, d)
+    sigma = post.L @ post.L.transpose(-1, -2)                              # (B, d, H, H)
+    x = torch.einsum("bdhm,bmrd->bhrd", post.L, eps) / sigma.diagonal(dim1=-2, dim2=-1).sqrt().permute(0, 2, 1)[:, :, None]
+    z = post.mu[:, :, None] + post.log_std.exp()[:, :, None] * x
+    ws = kern.density.spectral(torch.cat([z, -z], 2))
     ref = (kern.similarity(q, k, ws).pow(2) + kern.eps).log()
-    assert torch.allclose(kern.log_similarity(q, k), ref, atol=1e-6)
+    torch.testing.assert_close(kern.log_similarity(q, k), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ikas", "ikan", "mikan"])
+def test_evaluation_estimates_the_trained_kernel(name):
+    """Evaluation's similarity is one R-point estimate of the expected similarity the training draws average to:
+    within the Monte Carlo error of that estimate (the density's mean alone would give one frequency pair)."""
+    torch.manual_seed(0)
+    kern = ka.make_kernel(f"{name}:R=512", n_heads=2, d_head=8).double()
+    kern.density.posterior_net.offset = 0.0  # a wide posterior (std about 1): one frequency pair is far off
+    q, k, _ = _qkv()
+    q, k = q.double(), k.double()
+    train = torch.stack([kern.similarity(q, k, kern.prepare(q, k)) for _ in range(40)]).mean(0)
+    kern.eval()
+    assert (kern.similarity(q, k, kern.prepare(q, k)) - train).abs().max() < 0.15
 
 
 def test_regularization_is_the_documented_weighted_kl():

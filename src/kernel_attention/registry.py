@@ -71,7 +71,7 @@ class Param:
         if value is None and self.optional:
             return None
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if isinstance(value, str) and str not in types:
+        if isinstance(value, str) and (str not in types or bool in types and value.strip().lower() in _BOOL_WORDS):
             value = _from_string(value, types, f"{where}: parameter {self.describe()}")
         if bool not in types and isinstance(value, bool):
             raise SpecError(f"{where}: parameter {self.describe()} got a boolean {value!r}")
@@ -86,9 +86,12 @@ class Param:
         return value
 
 
+_BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "on", "off")
+
+
 def _from_string(text: str, types: tuple[type, ...], where: str) -> Any:
     low = text.strip().lower()
-    if bool in types and low in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+    if bool in types and low in _BOOL_WORDS:
         return low in ("true", "yes", "1", "on")
     for t in (int, float):
         if t in types:

@@ -19,6 +19,10 @@ TD_TABLE3 = dict(pe_at_input=False,
                  cross_attention={"position": "product", "symmetric": True},
                  decoder_attention={"position": "none", "symmetric": True})
 
+# IKA Table 3's MIKAN: the density pools the source in A, the encoder's keys only in B, nothing in C
+MIKAN = dict(encoder_attention={"kernel": "mikan:R=8"}, cross_attention={"kernel": "mikan:R=8,amortized=keys"},
+             decoder_attention={"kernel": "mikan:R=8,amortized=false"})
+
 
 @pytest.mark.parametrize("kw", [{}, TD_TABLE3, {"pe_at_input": False, "encoder_attention": {"position": "shaw"},
                                                 "decoder_attention": {"position": "xl"},
@@ -118,7 +122,7 @@ def test_xl_biases_shared_within_each_place():
                                                 "decoder_attention": {"position": "xl"},
                                                 "cross_attention": {"position": "shaw"}},
                                 {"decoder_attention": {"position": "shaw", "value_position": "relative",
-                                                       "filter": "local:window=2"}}])
+                                                       "filter": "local:window=2"}}, MIKAN])
 def test_incremental_step_equals_recomputing_the_prefix(kw):
     torch.manual_seed(3)
     model = tiny(**kw)
@@ -136,3 +140,24 @@ def test_incremental_step_equals_recomputing_the_prefix(kw):
     re = model.reorder_state(state, idx)
     torch.testing.assert_close(re["cache"][1], state["cache"][1][idx])
     torch.testing.assert_close(re["enc"]["out"], enc["out"][idx])
+
+
+@pytest.mark.parametrize("kw", [{}, MIKAN])
+def test_no_target_position_sees_a_later_one(kw):
+    """Teacher forcing gives position t what decoding the prefix up to t gives it."""
+    torch.manual_seed(3)
+    model = tiny(**kw)
+    src, tgt = torch.randint(4, 17, (2, 6)), torch.randint(4, 19, (2, 5))
+    enc = model.encode(src)
+    full = torch.log_softmax(model(src, tgt), -1)
+    for t in range(1, 6):
+        torch.testing.assert_close(full[:, t - 1], model.decode_step(tgt[:, :t], enc))
+
+
+@pytest.mark.parametrize("kernel", ["mikan", "ikan", "ikas"])
+def test_a_cross_attention_pooling_the_target_positions_is_refused(kernel):
+    """An amortised density in the cross-attention of a causal decoder would pool later target positions."""
+    with pytest.raises(SpecError, match=f"use '{kernel}:amortized=keys'"):
+        tiny(cross_attention={"kernel": kernel})
+    tiny(cross_attention={"kernel": f"{kernel}:amortized=keys"})
+    tiny(cross_attention={"kernel": f"{kernel}:amortized=false"})

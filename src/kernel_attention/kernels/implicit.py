@@ -27,10 +27,14 @@ three rows, and the similarity x magnitude protocol, are defined in
 **Spectral points** (ikas, ikans, ikan, mikan) come from an implicit density
 (:class:`~kernel_attention.kernels.spectral.ImplicitDensity`): amortised q(z|h) from the time-pooled q and k
 of the call, the symmetric base z = [z~, -z~], w = sign(z) NN(|z|), R samples (default 64).  In
-``eval()`` mode z~ = mu (deterministic).  Pooling is over all positions given, so in a causal model
+``eval()`` mode the noise of the R draws is fixed (``eval_noise``, the same for every call and example), so the
+layer is deterministic and its kernel is one Monte Carlo estimate of the trained one.  Pooling is over all positions given, so in a causal model
 the spectral points of position t see later positions: pass ``amortized=false`` there (q(z) becomes
-a learned constant).  ``log_kernel(q, k, key_mask=None)`` excludes padded keys from the pooling when
-called directly; the smoother does not pass the mask, so padding takes part in the pooling.
+a learned constant).  In a decoder's cross-attention the queries are such a causal sequence and the keys
+(the encoder's output) are not: ``amortized=keys`` pools the keys only, so that teacher-forced training
+and step-by-step decoding give every target position the same spectral points.  Padded keys leave the
+pooling: ``log_kernel(q, k, key_mask)`` takes the mask, and :func:`~kernel_attention.attention` hands its
+``key_mask`` to the kernel for the duration of a call.
 
 **Regulariser.** After a forward pass, ``kernel.regularization()`` is
 kl_weight · KL(q(z|h) || N(0, prior_std^2)) + copula_weight · copula term (MIKAN), summed over
@@ -95,7 +99,9 @@ def _common_params(p: bool) -> list[Param]:
 _density_params = [
     Param("prior_std", float, 0.1, check=lambda x: x > 0, rule="> 0", doc="p(z) = N(0, prior_std^2)"),
     Param("kl_weight", float, 0.1, check=lambda x: x >= 0, rule=">= 0"),
-    Param("amortized", bool, True, doc="q(z|h) from pooled q, k; false = learned constant (causal models)"),
+    Param("amortized", (bool, str), True, choices=(True, False, "keys"),
+          doc="q(z|h) from pooled q and k; keys: pooled keys only (a decoder's cross-attention); "
+              "false: a learned constant (causal self-attention)"),
     Param("share", bool, True, doc="share_spectral(model) may replace this kernel's density"),
 ]
 _copula_params = [
@@ -119,14 +125,21 @@ class ImplicitKernel(SquaredFeatures, PoolsKeys, SimilarityMagnitudeKernel):
 
     @property
     def pools_over_positions(self) -> bool:
-        """Whether q(z|h) reads q and k pooled over every position (then a filter that hides keys
+        """Whether q(z|h) reads the keys pooled over every position (then a filter that hides keys
         would leak them through the spectral points; KernelAttention refuses that combination)."""
-        return self.amortized and self.uses_density
+        return self.amortized is not False and self.uses_density
+
+    @property
+    def pools_queries(self) -> bool:
+        """Whether q(z|h) also reads the queries pooled over every position (then, where the queries are a
+        causal sequence, as in a decoder's cross-attention, each would see later ones; TransformerBlock
+        refuses that combination)."""
+        return self.amortized is True and self.uses_density
 
     def __init__(self, n_heads: int | None = None, d_head: int | None = None, *, R: int = 64, p: float = 2.0,
                  eps: float = 1e-5, freq_scale: float | None = None, magnitude_dropout: float | None = None,
                  official_scale: bool = False, official: bool = False, prior_std: float = 0.1,
-                 kl_weight: float = 0.1, amortized: bool = True, share: bool = True,
+                 kl_weight: float = 0.1, amortized: bool | str = True, share: bool = True,
                  copula_weight: float | None = None, official_rowsum: bool = False, official_clamp: bool = False,
                  official_negatives: bool = False, official_copula_loss: bool = False):
         super().__init__()
@@ -145,6 +158,12 @@ class ImplicitKernel(SquaredFeatures, PoolsKeys, SimilarityMagnitudeKernel):
         self.copula_weight = ((1.0 if self.copula_loss else kl_weight) if copula_weight is None else copula_weight)
         self.density = (ImplicitDensity(d_head, self.n_generators, self.copula, prior_std)
                         if self.uses_density else None)
+        if self.uses_density:
+            # evaluation takes these R draws of the noise (a fixed seed, so not kept in checkpoints); the
+            # density's mean alone would be one pair of frequencies, another kernel than the one trained
+            gen = torch.Generator().manual_seed(0)
+            self.register_buffer("eval_noise", torch.randn(2, 1, n_heads, R // 2, d_head, generator=gen,
+                                                           device="cpu"), persistent=False)
         self._record: dict = {}  # the last call's KL and copula terms
 
     uses_density = True
@@ -162,8 +181,8 @@ class ImplicitKernel(SquaredFeatures, PoolsKeys, SimilarityMagnitudeKernel):
         if key_mask is None:
             key_mask = self.pool_key_mask
         post = self.density.posterior(q, k, key_mask, self.amortized)
-        z, x = self.density.sample(post, self.R, deterministic=not self.training, rowsum=self.rowsum,
-                                   clamp=self.clamp, negatives=self.negatives)
+        z, x = self.density.sample(post, self.R, rowsum=self.rowsum, clamp=self.clamp, negatives=self.negatives,
+                                   fixed=None if self.training else self.eval_noise)
         self._record["kl"], self._record["copula"] = self.density.regularizer(post, x, self.copula_loss)
         return self.density.spectral(z)
 

@@ -121,15 +121,20 @@ class ImplicitDensity(nn.Module):
         return (self.d, self.n_generators, self.has_copula, self.prior_std)
 
     def posterior(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
-                  amortized: bool = True) -> Posterior:
+                  amortized: bool | str = True) -> Posterior:
         """q(z|h) from per-head q (B, H, Tq, d) and k (B, H, Tk, d), pooled over time.
 
         ``key_mask`` (B, Tk) excludes padded keys from the pooling (and padded queries when Tq = Tk).
         ``amortized=False`` feeds zeros instead, so q(z) is a learned constant: no information from
-        other positions reaches the kernel (use it for causal models, see the implicit module's notes)."""
+        other positions reaches the kernel (use it for causal models, see the implicit module's notes).
+        ``amortized="keys"`` feeds zeros for the pooled queries only: in a decoder's cross-attention the
+        keys (the encoder's output) are all visible to every query, the other queries are not."""
         q_mask = key_mask if key_mask is not None and q.shape[-2] == k.shape[-2] else None
-        x = torch.cat([pool(q, q_mask), pool(k, key_mask)], dim=-1)
-        if not amortized:
+        pooled_q = pool(q, q_mask)
+        if amortized == "keys":
+            pooled_q = torch.zeros_like(pooled_q)
+        x = torch.cat([pooled_q, pool(k, key_mask)], dim=-1)
+        if amortized is False:
             x = torch.zeros_like(x)
         mu, log_std, pre = self.posterior_net(x)
         L = copula_factor(torch.tanh(self.copula(pre))) if self.copula is not None else None
@@ -146,10 +151,12 @@ class ImplicitDensity(nn.Module):
         return sigma * inv.unsqueeze(-1) * inv.unsqueeze(-2)
 
     def noise(self, post: Posterior, n: int, rowsum: bool = False, clamp: bool = False,
-              generator: torch.Generator | None = None) -> Tensor:
-        """Standard-normal marginals X (B, H, n, d), correlated across heads by the copula."""
+              generator: torch.Generator | None = None, eps: Tensor | None = None) -> Tensor:
+        """Standard-normal marginals X (B, H, n, d), correlated across heads by the copula; from the
+        independent draws ``eps`` (B or 1, H, n, d) when given, else drawn here."""
         b, h, d = post.mu.shape
-        eps = torch.randn(b, h, n, d, dtype=post.mu.dtype, device=post.mu.device, generator=generator)
+        if eps is None:
+            eps = torch.randn(b, h, n, d, dtype=post.mu.dtype, device=post.mu.device, generator=generator)
         if post.L is not None:
             e = eps.permute(0, 3, 1, 2)                      # (B, d, H, n)
             if rowsum:                                       # the official einsum 'ijk,ijl->ijl'
@@ -160,20 +167,20 @@ class ImplicitDensity(nn.Module):
             eps = x.permute(0, 2, 3, 1)                      # back to (B, H, n, d)
         return eps.clamp(-2.0, 2.0) if clamp else eps
 
-    def sample(self, post: Posterior, R: int, deterministic: bool = False, rowsum: bool = False,
-               clamp: bool = False, negatives: bool = False,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
-        """Base samples z (B, H, R, d) = [z~ || -z~] and the noise X used (None when deterministic).
+    def sample(self, post: Posterior, R: int, rowsum: bool = False, clamp: bool = False, negatives: bool = False,
+               generator: torch.Generator | None = None, fixed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Base samples z (B, H, R, d) = [z~ || -z~], z~ = mu + std X, and the noise X used.
 
-        ``deterministic``: z~ = mu (evaluation mode), z = [mu || -mu]."""
+        ``fixed`` (2, 1, H, R/2, d): standard-normal draws to use instead of fresh ones (evaluation mode:
+        every call, and every example, the same R points of the density), the second for the official
+        independent negative half."""
         std = post.log_std.exp().unsqueeze(2)
         mu = post.mu.unsqueeze(2)
-        if deterministic:
-            return torch.cat([mu, -mu], dim=2), None
-        x = self.noise(post, R // 2, rowsum, clamp, generator)
+        x = self.noise(post, R // 2, rowsum, clamp, generator, None if fixed is None else fixed[0].to(mu.dtype))
         pos = mu + std * x
         if negatives:                                        # official: independent draw, mean -mu
-            x_neg = self.noise(post, R // 2, rowsum, clamp, generator)
+            x_neg = self.noise(post, R // 2, rowsum, clamp, generator,
+                               None if fixed is None else fixed[1].to(mu.dtype))
             return torch.cat([pos, -mu + std * x_neg], dim=2), torch.cat([x, x_neg], dim=2)
         return torch.cat([pos, -pos], dim=2), x
 

@@ -86,7 +86,7 @@ class KernelAttention(nn.Module):
         self.d_model, self.n_heads, self.d_head, self.axes = d_model, n_heads, d_head, axes
         self.kernel = make_kernel(kernel, n_heads=n_heads, d_head=d_head)
         self.filter = make_filter(filter)
-        if getattr(self.kernel, "pools_over_positions", False) and _hides_keys(self.filter):
+        if getattr(self.kernel, "pools_over_positions", False) and hides_keys(self.filter):
             raise SpecError(
                 f"kernel {self.kernel.name!r} infers its spectral density from q and k pooled over every "
                 f"position, so under filter {self.filter!r} a query would see keys the filter hides "
@@ -198,7 +198,7 @@ class KernelAttention(nn.Module):
         return (y, weights) if need_weights else y
 
 
-def _hides_keys(filt) -> bool:
+def hides_keys(filt) -> bool:
     """Whether a filter removes some key from some query (padding aside)."""
     if filt.kind == "full" or isinstance(filt, Padding):
         return False

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.dropout import Dropout
-from kernel_attention.nn.attention import KernelAttention
+from kernel_attention.nn.attention import KernelAttention, hides_keys
+from kernel_attention.registry import SpecError
 from kernel_attention.positions.encodings import as_positions
 
 __all__ = ["TransformerBlock"]
@@ -52,6 +53,13 @@ class TransformerBlock(nn.Module):
         if cross_attention is not None:
             self.cross_attn = KernelAttention(d_model, n_heads, **cross_attention)
             self.ln_cross = nn.LayerNorm(d_model)
+            kernel = self.cross_attn.kernel
+            if getattr(kernel, "pools_queries", False) and hides_keys(self.self_attn.filter):
+                raise SpecError(
+                    f"cross-attention kernel {kernel.name!r} infers its spectral density from the queries pooled "
+                    f"over every target position, and this block's self-attention filter '{self.self_attn.filter}' "
+                    f"hides later positions: a target token would see them through the spectral points; use "
+                    f"'{kernel.name}:amortized=keys' (the encoder's keys only) or '{kernel.name}:amortized=false'")
         self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU() if activation == "relu" else nn.GELU(),
                                  Dropout(dropout), nn.Linear(d_ff, d_model))
         self.ln2 = nn.LayerNorm(d_model)
