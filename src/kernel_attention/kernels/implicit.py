@@ -27,10 +27,10 @@ three rows, and the similarity x magnitude protocol, are defined in
 **Spectral points** (ikas, ikans, ikan, mikan) come from an implicit density
 (:class:`~kernel_attention.kernels.spectral.ImplicitDensity`): amortised q(z|h) from the time-pooled q and k
 of the call, the symmetric base z = [z~, -z~], w = sign(z) NN(|z|), R samples (default 64).  In
-``eval()`` mode the noise of the R draws is fixed (``eval_noise``, the same for every call and example), so the
-layer is deterministic and its kernel is one Monte Carlo estimate of the trained one.  Pooling is over all positions given, so in a causal model
-the spectral points of position t see later positions: pass ``amortized=false`` there (q(z) becomes
-a learned constant).  In a decoder's cross-attention the queries are such a causal sequence and the keys
+``eval()`` mode the noise of the R draws is fixed (``eval_noise``, the same for every call and example), so
+the layer is deterministic and its kernel is one Monte Carlo estimate of the trained one.  Pooling is over
+all positions given, so in a causal model the spectral points of position t see later positions: pass
+``amortized=false`` there (q(z) becomes a learned constant).  In a decoder's cross-attention the queries are such a causal sequence and the keys
 (the encoder's output) are not: ``amortized=keys`` pools the keys only, so that teacher-forced training
 and step-by-step decoding give every target position the same spectral points.  Padded keys leave the
 pooling: ``log_kernel(q, k, key_mask)`` takes the mask, and :func:`~kernel_attention.attention` hands its

@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from kernel_attention.dropout import Dropout
 from kernel_attention.nn.attention import KernelAttention, hides_keys
-from kernel_attention.registry import SpecError
 from kernel_attention.positions.encodings import as_positions
+from kernel_attention.registry import SpecError
 
 __all__ = ["TransformerBlock"]
 
