@@ -191,6 +191,15 @@ def test_padding_without_any_real_key_gives_zeros():
     assert not out[0].any() and not grads[0][0].any() and not grads[1][0].any()
 
 
+@pytest.fixture
+def tiles_of_16(monkeypatch):
+    """Tiles of 16 rows and keys on every device (CUDA's default is 64): the poisoned keys [0, 16) of the tests
+    below fill one key tile, which the filter skips."""
+    from kernel_attention.backends import triton_flash
+
+    monkeypatch.setattr(triton_flash, "_block", lambda p, block: block or 16)
+
+
 def _poison(keys):
     """Set q, k, v at keys ``keys`` to NaN: a tile that reads them would spread NaN into what it touches."""
     def edit(q, k, v):
@@ -199,7 +208,7 @@ def _poison(keys):
     return edit
 
 
-def test_tiles_outside_the_filter_are_not_read():
+def test_tiles_outside_the_filter_are_not_read(tiles_of_16):
     """A local window of the last 7 of 40 keys never reaches keys [0, 16) (one tile); padded key tiles are
     skipped too.  Their NaN would show in the output if a tile were read and masked instead of skipped."""
     with validation(False):
@@ -262,7 +271,7 @@ def test_sparse_filter_with_padding():
            _run("dense", "rbf", "shaw", "strided:stride=5", key_mask=km))
 
 
-def test_tiles_the_pattern_never_keeps_are_not_read():
+def test_tiles_the_pattern_never_keeps_are_not_read(tiles_of_16):
     """fixed:stride=32 keeps of keys [0, 16) only the first block's queries (no summary key there): the query tile
     [32, 40) skips that key tile, so its NaN reach neither those rows nor their gradients."""
     with validation(False):
@@ -435,7 +444,7 @@ def test_implicit_kernels_memory_and_empty_rows(tq, tk, filt):
     _close(got, _run("dense", "ikan", "none", filt, tq, tk, self_attention=False), atol=5e-5)
 
 
-def test_implicit_tiles_outside_the_filter_are_not_read():
+def test_implicit_tiles_outside_the_filter_are_not_read(tiles_of_16):
     """As test_tiles_outside_the_filter_are_not_read, on ikan-direct (no density pooled over every key)."""
     with validation(False):
         out, grads = _run("triton", "ikan-direct", "none", "local:window=4", 7, 40, edit=_poison(slice(0, 16)))

@@ -18,7 +18,6 @@ filtered set is empty.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import torch
@@ -34,37 +33,73 @@ __all__ = ["Problem", "Backend", "BACKENDS", "sdpa_features", "feature_kv", "per
            "row_bounds", "kept_keys"]
 
 
-@dataclasses.dataclass
 class Problem:
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    kernel: Kernel
-    #: the bool keep mask, or None for every key; a property (below) that forms it from ``keep_fn`` when first read
-    keep: Tensor | None = dataclasses.field(default=None, repr=False, compare=False)
-    filter: Filter | None = None
-    key_mask: Tensor | None = None
-    terms: PositionalTerms | None = None
-    dropout_p: float = 0.0
-    need_weights: bool = False
-    #: what a backend computed about this call while deciding, for its run (e.g. squared's per-key factor)
-    memo: dict = dataclasses.field(default_factory=dict, repr=False)
-    #: forms ``keep`` when it is first read.  ``explain`` defers the (Tq, Tk) mask of a structured filter so:
-    #: the checks read the filter's kind and row bounds (:func:`row_bounds`) and the problem's shape instead
-    keep_fn: Callable[[], Tensor] | None = dataclasses.field(default=None, repr=False, compare=False)
-    #: query heads per key/value head of the k and v held (grouped-query attention); 1 once they are repeated
-    kv_groups: int = 1
+    """One call of the smoother, checked (see the module docstring).  A plain class with plain attributes, which
+    torch.compile traces when a layer builds one inside a compiled graph."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, keep: Tensor | None = None,
+                 filter: Filter | None = None, key_mask: Tensor | None = None,
+                 terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
+                 keep_fn: Callable[[], Tensor] | None = None, kv_groups: int = 1):
+        self.q, self._k, self._v, self.kernel, self._keep = q, k, v, kernel, keep
+        self.filter, self.key_mask, self.terms = filter, key_mask, terms
+        self.dropout_p, self.need_weights = dropout_p, need_weights
+        #: what a backend computed about this call while deciding, for its run (e.g. squared's per-key factor)
+        self.memo: dict = {}
+        #: forms ``keep`` when it is first read.  ``explain`` defers the (Tq, Tk) mask of a structured filter so:
+        #: the checks read the filter's kind and row bounds (:func:`row_bounds`) and the problem's shape instead
+        self.keep_fn = keep_fn
+        #: query heads per key/value head of the k and v held (grouped-query attention); 1 once they are repeated
+        self.kv_groups = kv_groups
+
+    @property
+    def keep(self) -> Tensor | None:
+        """The bool keep mask (True = the key takes part), broadcastable to (B, H, Tq, Tk), or None for every
+        key; formed by ``keep_fn`` when first read."""
+        if self.deferred:
+            self._keep, self.keep_fn = self.keep_fn(), None
+        return self._keep
+
+    @keep.setter
+    def keep(self, keep: Tensor | None) -> None:
+        self._keep = keep
+
+    @property
+    def k(self) -> Tensor:
+        """(B, H, Tk, D) keys; grouped heads are repeated when first read (:meth:`grouped_kv`)."""
+        self._repeat_groups()
+        return self._k
+
+    @k.setter
+    def k(self, k: Tensor) -> None:
+        self._k = k
+
+    @property
+    def v(self) -> Tensor:
+        """(B, H, Tk, Dv) values; grouped heads are repeated when first read (:meth:`grouped_kv`)."""
+        self._repeat_groups()
+        return self._v
+
+    @v.setter
+    def v(self, v: Tensor) -> None:
+        self._v = v
+
+    def _repeat_groups(self) -> None:
+        if self.kv_groups > 1:
+            g = self.kv_groups
+            self._k, self._v = self._k.repeat_interleave(g, dim=1), self._v.repeat_interleave(g, dim=1)
+            self.kv_groups = 1
 
     def grouped_kv(self) -> tuple[Tensor, Tensor, int]:
         """(k, v, groups) as held, without repeating them: k (B, H / groups, Tk, D), v (B, H / groups, Tk, Dv).
         A backend that runs grouped heads itself (SDPA's ``enable_gqa``) reads them so; reading ``k`` or ``v``
         repeats each head ``groups`` times first (query head h reads key/value head h // groups)."""
-        return self.__dict__["_k"], self.__dict__["_v"], self.kv_groups
+        return self._k, self._v, self.kv_groups
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """(B, H, Tq, Tk)."""
-        return self.q.shape[0], self.q.shape[1], self.q.shape[2], self.__dict__["_k"].shape[2]
+        return self.q.shape[0], self.q.shape[1], self.q.shape[2], self._k.shape[2]
 
     @property
     def pairs(self) -> int:
@@ -80,7 +115,7 @@ class Problem:
     @property
     def deferred(self) -> bool:
         """The filter's mask is not formed yet (it is a (Tq, Tk) function of the filter's spec alone)."""
-        return self.__dict__.get("_keep") is None and self.keep_fn is not None
+        return self._keep is None and self.keep_fn is not None
 
     @property
     def full(self) -> bool:
@@ -93,40 +128,6 @@ class Problem:
         if self.deferred:  # a (Tq, Tk) mask: of the key alone when there is one query
             return self.shape[2] == 1
         return self.keep is not None and (self.keep.dim() < 2 or self.keep.shape[-2] == 1 or self.keep.stride(-2) == 0)
-
-
-def _get_keep(p: Problem) -> Tensor | None:
-    if p.deferred:
-        p.__dict__["_keep"], p.keep_fn = p.keep_fn(), None
-    return p.__dict__.get("_keep")
-
-
-def _set_keep(p: Problem, keep: Tensor | None) -> None:
-    p.__dict__["_keep"] = keep
-
-
-def _expanded(p: Problem, name: str) -> Tensor:
-    if p.kv_groups > 1:
-        g = p.kv_groups
-        p.__dict__["_k"] = p.__dict__["_k"].repeat_interleave(g, dim=1)
-        p.__dict__["_v"] = p.__dict__["_v"].repeat_interleave(g, dim=1)
-        p.kv_groups = 1
-    return p.__dict__[name]
-
-
-def _setter(name: str):
-    def put(p: Problem, x: Tensor) -> None:
-        p.__dict__[name] = x
-    return put
-
-
-# Set after the dataclass is made: a property in the class body would be taken for the field's default.
-Problem.keep = property(_get_keep, _set_keep, doc="The bool keep mask (True = the key takes part), broadcastable "
-                        "to (B, H, Tq, Tk), or None for every key; formed by ``keep_fn`` when first read.")
-Problem.k = property(lambda p: _expanded(p, "_k"), _setter("_k"),
-                     doc="(B, H, Tk, D) keys; grouped heads are repeated when first read (:meth:`grouped_kv`).")
-Problem.v = property(lambda p: _expanded(p, "_v"), _setter("_v"),
-                     doc="(B, H, Tk, Dv) values; grouped heads are repeated when first read (:meth:`grouped_kv`).")
 
 
 def row_bounds(p: Problem) -> tuple[Tensor, Tensor] | None:
