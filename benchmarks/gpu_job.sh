@@ -6,19 +6,19 @@
 #      name and outcome logged as it finishes and the failures' tracebacks at the end;
 #   2. benchmarks/attention.py on CUDA in bf16 at T = 1024, 4096, 16384 for the variants the triton backend runs
 #      (exp with no position, Shaw's and Transformer-XL's terms; the implicit kernels' squared form, ikas), beside
-#      SDPA (timed alongside each cell) and dense (up to T = 4096), and the local window and the Sparse
-#      Transformer filters beside FlexAttention, without the input checks (--no-checks: their host sync would
-#      time the check, not the kernels);
+#      SDPA (timed alongside each cell) and dense (up to T = 4096), without the input checks (--no-checks: their
+#      host sync would time the check, not the kernels); with FLEX_STEPS=1 also the local window and the Sparse
+#      Transformer filters beside FlexAttention (its compilation per form takes minutes: a job of its own);
 #   3. benchmarks/lm_throughput.py: a language model's training steps with Transformer-XL's positions at T = 2048
 #      in bf16, on triton against dense (tokens/s).
 #
 # What it writes comes back as two files under $OUT (default /tmp/gpu_out): job.log (all output) and
-# gpu_job.tar.gz (tests_triton.log, tests_gpu.log, bench.md, bench_ikas.md, bench_local.md, bench_sparse.md, each
-# table with its .json, lm_xl.txt), packed again after every step, since a lent machine returns at most 8 files
-# and a step cut short by its limit must not lose the others.  Each step has its own time limit (8 minutes in all),
-# so a slow step leaves the later ones their time; the benchmarks write after every cell.  The package is read
-# from src/ (PYTHONPATH): nothing is installed, except pytest-xdist where the device lacks it and its wheels were
-# carried (the device reaches no package index):
+# gpu_job.tar.gz (tests_triton.log, tests_gpu.log, bench.md, bench_ikas.md, with FLEX_STEPS=1 bench_local.md and
+# bench_sparse.md, each table with its .json, lm_xl.txt), packed again after every step, since a lent machine
+# returns at most 8 files and a step cut short by its limit must not lose the others.  Each step has its own time
+# limit (8 minutes in all), so a slow step leaves the later ones their time; the benchmarks write after every cell.
+# The package is read from src/ (PYTHONPATH): nothing is installed, except pytest-xdist where the device lacks it
+# and its wheels were carried (the device reaches no package index):
 #
 #   pip download --no-deps -d .gpu_wheels pytest-xdist execnet     # here; .gpu_wheels is ignored by git
 #   then run `OUT=$OUT bash benchmarks/gpu_job.sh` on the device with .gpu_wheels carried
@@ -47,26 +47,27 @@ XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
 echo "pytest-xdist: ${XDIST:-absent, the tests run in one process}"
 TESTS="-v -rfE --tb=short -p no:cacheprovider $XDIST"
 
-echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 150 s)"
-timeout 150 $PY -m pytest $TESTS -m triton tests/backends/test_triton.py > "$WORK/tests_triton.log" 2>&1
+echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 160 s)"
+timeout 160 $PY -m pytest $TESTS -m triton tests/backends/test_triton.py > "$WORK/tests_triton.log" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$WORK/tests_triton.log" | tail -n 30; pack
 
-echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 110 s)"
-timeout 110 $PY -m pytest $TESTS -m gpu > "$WORK/tests_gpu.log" 2>&1
+echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 170 s)"
+timeout 170 $PY -m pytest $TESTS -m gpu > "$WORK/tests_gpu.log" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$WORK/tests_gpu.log" | tail -n 30; pack
 
-echo "== $(date -u +%H:%M:%S) attention benchmark: exp x none, shaw, xl x full, causal (limit 95 s)"
-timeout 95 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
+echo "== $(date -u +%H:%M:%S) attention benchmark: exp x none, shaw, xl x full, causal (limit 80 s)"
+timeout 80 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
     --positions none shaw xl --filters full causal --backends triton dense --no-dense-above 4096 \
     --repeats 3 --no-checks --out "$WORK/bench.md" 2>&1 | tail -n 45; pack
 
 # the implicit kernels in training mode (spectral points drawn per call, no magnitude dropout by default) as
 # k / sum k in the squared-form kernels; each call reads the key factor's range back (one host sync)
-echo "== $(date -u +%H:%M:%S) attention benchmark: ikas's squared form, full and causal (limit 35 s)"
-timeout 35 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels ikas \
+echo "== $(date -u +%H:%M:%S) attention benchmark: ikas's squared form, full and causal (limit 30 s)"
+timeout 30 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels ikas \
     --positions none --filters full causal --backends triton dense --no-dense-above 4096 \
     --repeats 3 --no-checks --out "$WORK/bench_ikas.md" 2>&1 | tail -n 20; pack
 
+if [ "${FLEX_STEPS:-0}" = 1 ]; then  # the filters beside FlexAttention: its compilation per form takes minutes
 echo "== $(date -u +%H:%M:%S) attention benchmark: local window, beside FlexAttention (limit 30 s)"
 timeout 30 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
     --positions none xl --filters local --backends triton flex dense --no-dense-above 4096 \
@@ -76,9 +77,10 @@ echo "== $(date -u +%H:%M:%S) attention benchmark: Sparse Transformer filters, b
 timeout 25 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \
     --positions none --filters strided:stride=128 fixed:stride=128 --backends triton flex dense \
     --no-dense-above 4096 --repeats 3 --no-checks --out "$WORK/bench_sparse.md" 2>&1 | tail -n 20; pack
+fi
 
-echo "== $(date -u +%H:%M:%S) LM training steps, xl, T = 2048, bf16: triton against dense (limit 35 s)"
-timeout 35 $PY benchmarks/lm_throughput.py --device cuda --bf16 --position xl --backends triton dense --vocab 32000 \
+echo "== $(date -u +%H:%M:%S) LM training steps, xl, T = 2048, bf16: triton against dense (limit 25 s)"
+timeout 25 $PY benchmarks/lm_throughput.py --device cuda --bf16 --position xl --backends triton dense --vocab 32000 \
     --d-model 512 --heads 8 --d-ff 2048 --layers 4 --seq 2048 --batch 4 --steps 3 --repeats 4 \
     > "$WORK/lm_xl.txt" 2>&1
 cat "$WORK/lm_xl.txt"; pack

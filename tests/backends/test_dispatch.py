@@ -152,24 +152,26 @@ def test_auto_prefers_dense_over_blockwise_on_cuda_where_measured(monkeypatch):
     assert blockwise.declines(_problem("ikas", t=t_max + 1)) is None
 
 
-def test_triton_rules_under_a_policy_that_lets_auto_take_it():
-    """``auto_declines`` (TritonBackend.declines on CUDA), checked on CPU problems under CUDA's policy with
-    ``triton_auto``: dense keeps what the policy measured it faster at (xl factors, kernels without SDPA features,
-    full / causal / padding, within the element budget), FlexAttention the sparse filters without positional
-    terms; Shaw's terms, sparse filters with terms, the implicit kernels past the budget and Transformer-XL past it
-    go to triton.  Without ``triton_auto`` every call is passed over, with the reason."""
+def test_triton_rules_under_cudas_policy():
+    """``auto_declines`` (TritonBackend.declines on CUDA), checked on CPU problems under CUDA's policy, which lets
+    ``auto`` take triton: dense keeps what the policy measured it faster at (kernels without SDPA features, full /
+    causal / padding, within the element budget), FlexAttention the sparse filters without positional terms;
+    Shaw's terms, Transformer-XL's (within dense's budget too), sparse filters with terms and the implicit kernels
+    past the budget go to triton.  Without ``triton_auto`` every call is passed over, with the reason."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     from kernel_attention.backends.triton_flash import auto_declines
 
-    off = POLICIES["cuda"]
-    on = dataclasses.replace(off, triton_auto=True)
+    on = POLICIES["cuda"]
+    assert on.triton_auto and not POLICIES["cpu"].triton_auto
+    off = dataclasses.replace(on, triton_auto=False)
     assert "not passed their tests" in auto_declines(_problem("exp", "shaw", "causal"), off)
-    for kernel, position, mask in (("exp", "xl", "causal"), ("ikas", "none", None), ("rbf-only", "none", "causal")):
+    for kernel, position, mask in (("ikas", "none", None), ("rbf-only", "none", "causal")):
         assert "dense was faster" in auto_declines(_problem(kernel, position, mask), on), (kernel, position, mask)
     for mask in ("local:window=4", "strided:stride=4"):
         assert "FlexAttention" in auto_declines(_problem("exp", "none", mask), on), mask
     t_max = int((on.dense_preferred_elements // (B * H)) ** 0.5)
     for kernel, position, mask, t in (("exp", "shaw", "causal", 23), ("exp", "shaw", "local:window=4", 23),
+                                      ("exp", "xl", "causal", 23), ("exp", "xl", None, 23),
                                       ("exp", "xl", "local:window=4", 23), ("ikas", "none", "local:window=4", 23),
                                       ("ikas", "none", None, t_max + 1), ("exp", "xl", "causal", t_max + 1)):
         assert auto_declines(_problem(kernel, position, mask, t=t), on) is None, (kernel, position, mask, t)

@@ -70,7 +70,7 @@ POLICIES: dict[str, DevicePolicy] = {
                          kept_logits_elements=0, dropout_blocked_elements=None,
                          squared_dropout_dense_elements=0, linear_min_keys=4096, linear_feature_factor=4,
                          scan_elements=1 << 23,
-                         banded_rows_full=256, banded_rows_causal=64),
+                         banded_rows_full=256, banded_rows_causal=64, triton_auto=True),
 }
 
 

@@ -285,14 +285,14 @@ def filter_mask(p: Problem, block: int | None = None, by_keys: bool = False) -> 
 def auto_declines(p: Problem, pol: DevicePolicy) -> str | None:
     """Why ``auto`` passes over ``triton`` for ``p`` on a device with policy ``pol``, or None: the policy does not
     let ``auto`` take it, or a later backend was measured faster (docs/benchmarks.md, "Figures behind the dispatch
-    policy"): ``dense`` for Transformer-XL's term and kernels without SDPA features up to
-    ``dense_preferred_elements``, FlexAttention's block mask for a sparse filter on an exp-family kernel without
-    positional terms."""
+    policy"): ``dense`` for kernels without SDPA features up to ``dense_preferred_elements``, FlexAttention's
+    block mask for a sparse filter on an exp-family kernel without positional terms."""
     if not pol.triton_auto:
         return ("its compiled kernels have not passed their tests on this device yet (docs/benchmarks.md); ask "
                 "for backend='triton' by name")
     what = dense_preferred(p, pol)
-    if what is not None:
+    # dense's budget for Transformer-XL's term is against the blocked path: triton's kernels ran it faster than dense
+    if what is not None and not (p.terms is not None and p.terms.relative_factors):
         return (f"dense was faster up to {pol.dense_preferred_elements} (B, H, Tq, Tk) elements for {what} "
                 f"(here {p.pairs})")
     sparse = not (p.full or p.causal or p.key_only)
