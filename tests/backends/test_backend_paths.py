@@ -241,7 +241,9 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
 def test_flex_grouped_key_value_heads_forward_on_cpu(monkeypatch):
     """Grouped-query attention on flex (forward, as above): FlexAttention gets the key/value heads as held with its
     ``enable_gqa`` (a key bias and Shaw's table per query head), except under ``product``'s per-head key features,
-    which repeat them; equal to dense on the heads repeated by hand."""
+    which repeat them; equal to dense on the heads repeated by hand.  Grouped heads under a block mask with fewer
+    than 128 queries ask for FlexAttention's main kernel (Inductor's decoding kernel finds no configuration for
+    them on CUDA)."""
     from kernel_attention.backends import flex
     from kernel_attention.backends.dispatch import resolve_backend
     from kernel_attention.functional import build_problem
@@ -252,8 +254,11 @@ def test_flex_grouped_key_value_heads_forward_on_cpu(monkeypatch):
 
     def spy():
         attend, create_block_mask = real()
-        return (lambda q, k, v, **kw: seen.append((k.shape[1], kw.get("enable_gqa", False))) or attend(q, k, v, **kw),
-                create_block_mask)
+        def attend_seen(q, k, v, **kw):
+            main = kw.get("kernel_options", {}).get("FORCE_USE_FLEX_ATTENTION", False)
+            seen.append((k.shape[1], kw.get("enable_gqa", False), main))
+            return attend(q, k, v, **kw)
+        return attend_seen, create_block_mask
 
     monkeypatch.setattr(flex, "_flex", spy)
     g = torch.Generator().manual_seed(0)
@@ -271,7 +276,7 @@ def test_flex_grouped_key_value_heads_forward_on_cpu(monkeypatch):
             ref_p = build_problem(q, kr, vr, kernel, filt, terms=pos.terms(q, kr, pq, pk))
             ref, _ = dense_smoother(q, kr, vr, ref_p.kernel, ref_p.keep, ref_p.terms)
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-        assert seen[-1] == ((2, True) if held else (4, False)), (kernel, position, seen[-1])
+        assert seen[-1] == ((2, True, filt is not None) if held else (4, False, False)), (kernel, position, seen[-1])
 
 
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "periodic"])
