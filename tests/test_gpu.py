@@ -207,3 +207,23 @@ def test_layer_trains_under_bf16_autocast_on_cuda(kernel, position, backend):
     assert torch.isfinite(y).all()
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
     assert _rel(y.float(), ref) < 5e-2
+
+
+@pytest.mark.parametrize("kernel,position,filt", [
+    ("exp", "none", "causal"), ("rbf", "none", "causal"), ("exp", "shaw", "causal"), ("rbf", "xl", "causal"),
+    ("exp", "product", "full"), ("ikan-direct", "none", "causal"), ("exp", "none", "local:window=8"),
+    ("exp", "shaw", "strided:stride=4")])
+def test_layer_compiles_fullgraph_on_cuda(kernel, position, filt):
+    """A KernelAttention layer on ``auto`` compiles with fullgraph=True on CUDA (the backends ``auto`` takes while
+    a graph is traced, triton among them) and agrees with the eager layer, input gradients included."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(64, 4, kernel=kernel, position=position, filter=filt).to(CUDA).eval()
+    x = torch.randn(2, 40, 64, device=CUDA)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1 = torch.compile(layer, fullgraph=True)(x1)
+    y2 = layer(x2)
+    w = torch.randn(y2.shape, device=CUDA)
+    (y1 * w).sum().backward()
+    (y2 * w).sum().backward()
+    assert _rel(y1, y2) < TOL[torch.float32] and _rel(x1.grad, x2.grad) < TOL[torch.float32]
