@@ -87,10 +87,13 @@ def block_rows(b: int, h: int, tq: int, tk: int, budget: int, max_rows: int = 25
     return min(tq, rows)
 
 
-def dense_preferred(p, pol: DevicePolicy) -> str | None:
+def dense_preferred(p, pol: DevicePolicy, xl_factors: bool = True) -> str | None:
     """What makes ``dense`` the faster choice for problem ``p`` than a blocked or tiled backend under ``pol``, in
     words, or None: Transformer-XL's relative factors, or a kernel without SDPA features, with no other positional
-    term, under a full, causal or key-only filter, up to ``dense_preferred_elements`` (B, H, Tq, Tk) elements."""
+    term, under a full, causal or key-only filter, up to ``dense_preferred_elements`` (B, H, Tq, Tk) elements.
+
+    ``xl_factors=False`` for a backend that runs Transformer-XL's factors faster than dense within that budget
+    (triton; blockwise's blocks do not): the factors are then no reason to prefer dense."""
     from kernel_attention.kernels.capabilities import sdpa_layout
 
     t = p.terms
@@ -101,7 +104,7 @@ def dense_preferred(p, pol: DevicePolicy) -> str | None:
     if t is not None and (t.relative or t.value or t.bias is not None or t.q_feat is not None):
         return None
     if t is not None and t.relative_factors:
-        return "Transformer-XL's relative factors"
+        return "Transformer-XL's relative factors" if xl_factors else None
     if sdpa_layout(p.kernel) is None:
         return f"kernel {p.kernel.name!r} has no SDPA features"
     return None

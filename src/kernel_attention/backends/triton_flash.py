@@ -290,9 +290,8 @@ def auto_declines(p: Problem, pol: DevicePolicy) -> str | None:
     if not pol.triton_auto:
         return ("its compiled kernels have not passed their tests on this device yet (docs/benchmarks.md); ask "
                 "for backend='triton' by name")
-    what = dense_preferred(p, pol)
-    # dense's budget for Transformer-XL's term is against the blocked path: triton's kernels ran it faster than dense
-    if what is not None and not (p.terms is not None and p.terms.relative_factors):
+    what = dense_preferred(p, pol, xl_factors=False)
+    if what is not None:
         return (f"dense was faster up to {pol.dense_preferred_elements} (B, H, Tq, Tk) elements for {what} "
                 f"(here {p.pairs})")
     sparse = not (p.full or p.causal or p.key_only)
