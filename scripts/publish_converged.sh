@@ -21,14 +21,32 @@ if [ ! -f "$set_dir/prose.md" ] || ! grep -q "set: $study-converged\$" docs/resu
 fi
 "$KA" study "$study" --scale converged --out "$OUT" --collect-only
 cp "$OUT/$study-converged/runs.csv" "$set_dir/"
-# A table's curves are drawn from its cells' metrics.jsonl; cells carried in with --import-runs have none, so
-# where a table holds such cells its committed figure (drawn where they trained) is kept rather than redrawn
-# without their curves.
+# A table's curves are drawn from its cells' metrics.jsonl; cells carried in with --import-runs have none.  Where
+# a variant (table, row, column) of a table has imported cells only, the new figure would lack its curve, so the
+# committed figure (drawn where those cells trained) is kept; otherwise the new one replaces it.
+cells=$OUT/$study-converged/cells
+logged() {  # true when a cell of variant $1 (cells/<table>__<row>__<col>) trained here; cells moved aside have a dot
+    local dir
+    for dir in "$1"__s*; do
+        case $(basename "$dir") in *.*) continue ;; esac
+        [ -f "$dir/metrics.jsonl" ] && return 0
+    done
+    return 1
+}
+lacks_curves() {  # true when some variant of table $1 has imported cells only
+    local dir
+    for dir in "$cells/$1__"*; do
+        case $(basename "$dir") in *.*) continue ;; esac
+        grep -qs '"imported_from"' "$dir/result.json" && ! logged "${dir%__s*}" && return 0
+    done
+    return 1
+}
 for png in "$set_dir"/*.png "$OUT/$study-converged/figures/"*.png; do
     [ -e "$png" ] || continue
     name=$(basename "$png"); table=${name#curves_}; table=${table%.png}
-    if [ -f "$set_dir/$name" ] && grep -qs '"imported_from"' "$OUT/$study-converged/cells/${table}__"*/result.json; then
-        [ "$png" = "$set_dir/$name" ] && echo "kept $set_dir/$name: table $table holds imported cells (no curves here)"
+    if [[ $name == curves_* ]] && [ -f "$set_dir/$name" ] && lacks_curves "$table"; then
+        [ "$png" = "$set_dir/$name" ] && echo "kept $set_dir/$name: a variant of table $table has imported cells only" \
+            "(no curves here)"
     elif [ "$png" = "$set_dir/$name" ]; then
         rm -f "$png"
     else
