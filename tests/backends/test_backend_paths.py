@@ -241,9 +241,9 @@ def test_flex_score_mod_forward_matches_dense_on_cpu():
 def test_flex_grouped_key_value_heads_forward_on_cpu(monkeypatch):
     """Grouped-query attention on flex (forward, as above): FlexAttention gets the key/value heads as held with its
     ``enable_gqa`` (a key bias and Shaw's table per query head), except under ``product``'s per-head key features,
-    which repeat them; equal to dense on the heads repeated by hand.  Grouped heads under a block mask with fewer
-    than 128 queries ask for FlexAttention's main kernel (Inductor's decoding kernel finds no configuration for
-    them on CUDA)."""
+    which repeat them; equal to dense on the heads repeated by hand.  Grouped heads under a block mask ask for
+    FlexAttention's main kernel (Inductor's decoding kernel, its choice for short queries, finds no configuration
+    for them on CUDA)."""
     from kernel_attention.backends import flex
     from kernel_attention.backends.dispatch import resolve_backend
     from kernel_attention.functional import build_problem

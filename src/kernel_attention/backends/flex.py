@@ -155,9 +155,9 @@ def flex_smoother(p: Problem, qf: Tensor, kf: Tensor, scale: float, key_bias: Te
     opts = {}
     if v.shape[1] != h:
         opts["enable_gqa"] = True
-        if block_mask is not None and tq < 128:
-            # Inductor's decoding kernel, which it picks for fewer than 128 queries, finds no valid configuration
-            # for grouped heads under a block mask (torch 2.11 on CUDA); the main kernel runs them
+        if block_mask is not None:
+            # Inductor's decoding kernel, which it picks for short query lengths, finds no valid configuration for
+            # grouped heads under a block mask (torch 2.11 on CUDA); the main kernel runs them, at any length
             opts["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
     out = flex(pad_last(qf, d), pad_last(kf, d), pad_last(v, r16(dv)), score_mod=score_mod,
                block_mask=block_mask, scale=scale, **opts)
