@@ -290,6 +290,18 @@ def test_shaw_value_table(position, filt, tq, tk):
            _run("dense", "rbf", position, filt, tq, tk, value="relative"))
 
 
+@pytest.mark.parametrize("value", ["none", "relative"])
+@pytest.mark.parametrize("filt,tq,tk", [(None, 70, 70), ("causal", 70, 70), ("causal", 20, 70),
+                                        ("local:window=24", 70, 70)])
+def test_shaw_far_tiles(filt, tq, tk, value):
+    """A clip of 2 in tiles of 16 over 70 keys: the key loop of each query tile and the query loop of each key tile
+    meet far tiles on both sides of the diagonal (all their pairs on table row 0 or 2c: one column per row for the
+    logits and dHv, one row sum for Hv and dL) beside the near ones; with memory keys (Tq < Tk) the diagonal is
+    offset."""
+    _close(_run("triton", "exp", "shaw:clip=2", filt, tq, tk, value=value),
+           _run("dense", "exp", "shaw:clip=2", filt, tq, tk, value=value))
+
+
 @pytest.mark.parametrize("shape", [(1, H, 33, 33), (B, 1, 1, 33)])
 def test_float_mask_and_bias(shape):
     """A float mask (-inf drops a pair; sequence 0's query 3 loses every key: an empty row) and a bias with a

@@ -33,10 +33,11 @@ distances r = rlo + w, rlo = base + m0 - n0 - (BN - 1), w = (i - m0) - (j - n0) 
 the (BM, WP) products qv · R[rlo:rlo + WP]^T (WP = the next power of two) and gathers column w of each
 pair; its backward gathers dS back onto the window (j - n0 = (i - m0) - w + BN - 1).
 
-Where Shaw's table is summed per row (Hv in the forward, dL in ``_bwd_q``), a query tile's key loop runs in three
-segments (:func:`_near_tiles`): the tiles far before and far after the diagonal, each of whose pairs falls on
-table row 2c or 0, add their rows' sums there; the near tiles loop over their table rows.  No loop inside the
-far loops, so Triton pipelines them.
+With Shaw's table every loop runs in three segments (:func:`_near_tiles`, :func:`_near_query_tiles`): the tiles
+far before and far after the diagonal, all of whose pairs fall on table row 2c or 0, and the near tiles.  A far
+tile reads its logits' table term (and dHv) as one column loaded per row instead of a gather per pair, and where
+the table is summed per row (Hv, dL) adds the rows' sums into one vector per far segment; the near tiles gather
+per pair and loop over their table rows.  No loop inside the far loops, so Triton pipelines them.
 
 All tensors are contiguous with the batch and head folded into one leading axis (B·H), except k and v, of B·H / G
 heads when G query heads share each (grouped-query attention: ``_bwd_kv`` then writes dk and dv per query head,
@@ -68,6 +69,16 @@ def _row_table(X, bh, offs_m, offs_n, idx, Tq, Tk, W: tl.constexpr):
 
 
 @triton.jit
+def _add_table(x, X, bh, offs_m, offs_n, Tq, Tk, SOFF, C: tl.constexpr, W: tl.constexpr, COL: tl.constexpr):
+    """x (BM, BN) plus X[bh, i, idx_ij] of a (B·H, Tq, W) per-row table: gathered per pair (COL < 0), or, for a far
+    tile, whose pairs all read one column COL (0 or 2c), that column loaded once per row."""
+    if COL < 0:
+        return x + _row_table(X, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
+    else:
+        return x + tl.load(X + bh * Tq * W + offs_m * W + COL, mask=offs_m < Tq, other=0.0)[:, None]
+
+
+@triton.jit
 def _onto_window(x, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr):
     """x (BM, BN) on the tile's window of diagonals (BM, WP): column w of row i holds x[i, j] with
     (i - m0) - (j - n0) + BN - 1 = w, 0 where that pair is outside the tile."""
@@ -77,40 +88,48 @@ def _onto_window(x, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr):
 
 
 @triton.jit
-def _onto_table(acc, x, idx, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
-                SEG: tl.constexpr):
-    """acc (BM, BW) plus x (BM, BN) summed per table row: acc[i, w] += sum_{j: idx_ij = w} x_ij, for a tile of
-    segment SEG (:func:`_near_tiles`).  Every pair of a far tile is on one table row, 2c (SEG = 0: distances >= c)
-    or 0 (SEG = 2: distances <= -c), and the rows' sums go there; a near tile (SEG = 1) loops over the table rows
-    clip(d) + c of its distances d in [o + m0 - (n0 + BN - 1), o + m0 + BM - 1 - n0]."""
+def _onto_table(acc, x, idx, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr):
+    """acc (BM, BW) plus x (BM, BN) summed per table row, acc[i, w] += sum_{j: idx_ij = w} x_ij, for a near tile
+    (segment 1 of :func:`_near_tiles`): a loop over the table rows clip(d) + c of its distances d in
+    [o + m0 - (n0 + BN - 1), o + m0 + BM - 1 - n0].  (Every pair of a far tile is on one table row, 0 or 2c: the
+    kernels sum those tiles' rows into a vector per row instead.)"""
     wcol = tl.arange(0, BW)
-    if SEG == 1:
-        w_lo = tl.minimum(tl.maximum(SOFF + m0 - (n0 + BN - 1), -C), C) + C
-        w_hi = tl.minimum(tl.maximum(SOFF + m0 + BM - 1 - n0, -C), C) + C + 1
-        for wc in range(w_lo, w_hi):
-            col = tl.sum(tl.where(idx == wc, x, 0.0), 1)
-            acc += tl.where(wcol[None, :] == wc, col[:, None], 0.0)
-    else:
-        acc += tl.where(wcol[None, :] == (2 * C if SEG == 0 else 0), tl.sum(x, 1)[:, None], 0.0)
+    w_lo = tl.minimum(tl.maximum(SOFF + m0 - (n0 + BN - 1), -C), C) + C
+    w_hi = tl.minimum(tl.maximum(SOFF + m0 + BM - 1 - n0, -C), C) + C + 1
+    for wc in range(w_lo, w_hi):
+        col = tl.sum(tl.where(idx == wc, x, 0.0), 1)
+        acc += tl.where(wcol[None, :] == wc, col[:, None], 0.0)
     return acc
 
 
 @triton.jit
-def _near_tiles(m0, lo, hi, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """(a, b): the key tiles [lo, hi) of a query tile at m0 (starts lo + k·BN) in three segments by the rows of
-    Shaw's table their pairs fall on: [lo, a) every distance o + i - j >= c (segment 0), [a, b) several rows
-    (segment 1), [b, hi) every distance <= -c (segment 2)."""
-    x = SOFF + m0 - (BN - 1) - C  # a tile starting at n0 <= x is in segment 0
-    a = tl.where(x >= lo, lo + ((x - lo) // BN + 1) * BN, lo)
-    y = SOFF + m0 + BM - 1 + C  # a tile starting at n0 >= y is in segment 2
-    b = tl.where(y > lo, lo + ((y - lo + BN - 1) // BN) * BN, lo)
+def _split_tiles(lo, hi, x, y, STEP: tl.constexpr):
+    """(a, b): a loop over the tiles starting at lo + k·STEP below hi, in three segments: [lo, a) the tiles starting
+    at or before x, [b, hi) those starting at or after y, [a, b) the rest."""
+    a = tl.where(x >= lo, lo + ((x - lo) // STEP + 1) * STEP, lo)
+    b = tl.where(y > lo, lo + ((y - lo + STEP - 1) // STEP) * STEP, lo)
     a = tl.minimum(a, hi)
     return a, tl.minimum(tl.maximum(b, a), hi)
 
 
 @triton.jit
+def _near_tiles(m0, lo, hi, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """(a, b): the key tiles [lo, hi) of a query tile at m0 in three segments by the rows of Shaw's table their pairs
+    fall on: [lo, a) every distance o + i - j >= c (row 2c), [a, b) several rows, [b, hi) every distance <= -c
+    (row 0)."""
+    return _split_tiles(lo, hi, SOFF + m0 - (BN - 1) - C, SOFF + m0 + BM - 1 + C, BN)
+
+
+@triton.jit
+def _near_query_tiles(n0, lo, hi, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """(a, b): the query tiles [lo, hi) of a key tile at n0 in three segments, as :func:`_near_tiles`: [lo, a) every
+    distance <= -c (row 0), [a, b) several rows, [b, hi) every distance >= c (row 2c)."""
+    return _split_tiles(lo, hi, n0 - (BM - 1) - C - SOFF, n0 + BN - 1 + C - SOFF, BM)
+
+
+@triton.jit
 def _segment(SEG: tl.constexpr, lo, a, b, hi):
-    """[start, end) of segment SEG of a key loop that :func:`_near_tiles` split at a and b."""
+    """[start, end) of segment SEG of a loop that :func:`_split_tiles` split at a and b."""
     start = lo if SEG == 0 else (a if SEG == 1 else b)
     end = a if SEG == 0 else (b if SEG == 1 else hi)
     return start, end
@@ -121,15 +140,17 @@ def _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, ro
             BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km,
             HAS_KB: tl.constexpr, HAS_SHAW: tl.constexpr, C: tl.constexpr, W: tl.constexpr,
             HAS_XL: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr,
-            BDR: tl.constexpr, MODE: tl.constexpr, PAT: tl.constexpr, HAS_KM: tl.constexpr, PREC: tl.constexpr):
+            BDR: tl.constexpr, MODE: tl.constexpr, PAT: tl.constexpr, HAS_KM: tl.constexpr, PREC: tl.constexpr,
+            COL: tl.constexpr):
     """The tile's logits in base 2, log2(e) · s (BM, BN), -inf where the filter drops the pair; and the
-    window of R rows the tile meets (WP, BDR) (zeros unless HAS_XL)."""
+    window of R rows the tile meets (WP, BDR) (zeros unless HAS_XL).  COL: the column of Shaw's table that every
+    pair of the tile reads (a far tile), -1 when they read several."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
     if HAS_KB:
         kb = tl.load(KB + bh * Tk + offs_n, mask=offs_n < Tk, other=0.0)
         s += kb[None, :]
     if HAS_SHAW:
-        s += _row_table(L, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
+        s = _add_table(s, L, bh, offs_m, offs_n, Tq, Tk, SOFF, C, W, COL)
     if HAS_XL:
         r = XBASE + m0 - n0 - (BN - 1) + tl.arange(0, WP)
         dr = tl.arange(0, BDR)
@@ -176,14 +197,18 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
-    acc_h = tl.zeros([BM, BW], tl.float32)
+    acc_h = tl.zeros([BM, BW], tl.float32)  # Hv of the near tiles, in units of 2^m at the end of their segment
+    far_hi = tl.zeros([BM], tl.float32)      # Hv's row 2c from the far tiles before the diagonal, ...
+    far_lo = tl.zeros([BM], tl.float32)      # ... its row 0 from those after it
     lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
     a, b = hi, hi
-    if HAS_VAL:
+    if HAS_SHAW or HAS_VAL:
         a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN)
-    # with Shaw's value table, three loops: the tiles far before the diagonal, the near ones, the far ones after it
-    # (every pair of a far tile is on one table row: no loop inside the loop, so Triton pipelines it)
-    for seg in tl.static_range(3 if HAS_VAL else 1):
+    m_hi = m_i
+    m_near = m_i
+    # with Shaw's table, three loops: the tiles far before the diagonal, the near ones, the far ones after it; every
+    # pair of a far tile reads one column of the table, so no gather and no loop inside the loop (Triton pipelines it)
+    for seg in tl.static_range(3 if HAS_SHAW or HAS_VAL else 1):
         start, end = _segment(seg, lo, a, b, hi)
         for n0 in range(start, end, BN):
             offs_n = n0 + tl.arange(0, BN)
@@ -194,7 +219,8 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
                 v = _tile(V, bkv, offs_n, cols, Tk, DV, dv)
                 s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
                                 XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
-                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
+                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC,
+                                2 * C if seg == 0 else (-1 if seg == 1 else 0))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no kept key yet: 2^(-inf) = 0
                 alpha = tl.exp2(m_i - m_safe)
@@ -202,13 +228,28 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
                 l_i = l_i * alpha + tl.sum(p, 1)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
                 if HAS_VAL:
-                    acc_h = _onto_table(acc_h * alpha[:, None], p, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0,
-                                        SOFF, C, BM, BN, BW, seg)
+                    if seg == 0:
+                        far_hi = far_hi * alpha + tl.sum(p, 1)
+                    elif seg == 1:
+                        acc_h = _onto_table(acc_h * alpha[:, None], p, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0,
+                                            SOFF, C, BM, BN, BW)
+                    else:
+                        far_lo = far_lo * alpha + tl.sum(p, 1)
                 m_i = m_new
+        if seg == 0:
+            m_hi = m_i
+        if seg == 1:
+            m_near = m_i
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+    if HAS_VAL:
+        # the earlier segments' sums to the final maximum (2^(-inf) = 0 where a segment kept no key of the row)
+        m_end = tl.where(m_i == float("-inf"), 0.0, m_i)
+        acc_h = acc_h * tl.exp2(m_near - m_end)[:, None]
+        acc_h += tl.where(wcol[None, :] == 2 * C, (far_hi * tl.exp2(m_hi - m_end))[:, None], 0.0)
+        acc_h += tl.where(wcol[None, :] == 0, far_lo[:, None], 0.0)
     tl.store(O + bh * Tq * DV + offs_m[:, None] * DV + dv[None, :], out.to(O.dtype.element_ty),
              mask=rows[:, None] & (dv[None, :] < DV))
     tl.store(LSE + bh * Tq + offs_m, lse, mask=rows)
@@ -259,21 +300,29 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
     acc_v = tl.zeros([BN, BDV], tl.float32)
     acc_b = tl.zeros([BN], tl.float32)
     lo, hi = _query_range(n0, Tq, OFF, DLO, DHI, BM, BN, MODE)
-    for m0 in range(lo, hi, BM):
-        if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
-            offs_m = m0 + tl.arange(0, BM)
-            q, qv, do, lse, delta = _query_rows(Q, QV, DO, LSE, DELTA, bh, offs_m, Tq, DK, DR, DV, dk, dr, dv, HAS_XL)
-            s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR, XBASE,
-                            SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW, C, W,
-                            HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
-            p = tl.exp2(s - lse[:, None])
-            acc_v += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            if HAS_VAL:
-                dp += _row_table(GH, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
-            ds = p * (dp - delta[:, None])
-            acc_k += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-            acc_b += tl.sum(ds, 0)
+    a, b = hi, hi
+    if HAS_SHAW or HAS_VAL:
+        a, b = _near_query_tiles(n0, lo, hi, SOFF, C, BM, BN)
+    # with Shaw's table, the far query tiles (one column of the table per tile) apart, as in the forward
+    for seg in tl.static_range(3 if HAS_SHAW or HAS_VAL else 1):
+        start, end = _segment(seg, lo, a, b, hi)
+        for m0 in range(start, end, BM):
+            if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
+                offs_m = m0 + tl.arange(0, BM)
+                q, qv, do, lse, delta = _query_rows(Q, QV, DO, LSE, DELTA, bh, offs_m, Tq, DK, DR, DV, dk, dr, dv,
+                                                    HAS_XL)
+                col = 0 if seg == 0 else (-1 if seg == 1 else 2 * C)
+                s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
+                                XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
+                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC, col)
+                p = tl.exp2(s - lse[:, None])
+                acc_v += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+                dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                if HAS_VAL:
+                    dp = _add_table(dp, GH, bh, offs_m, offs_n, Tq, Tk, SOFF, C, W, col)
+                ds = p * (dp - delta[:, None])
+                acc_k += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+                acc_b += tl.sum(ds, 0)
     tl.store(DK_ + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :], (acc_k * scale).to(DK_.dtype.element_ty),
              mask=cols[:, None] & (dk[None, :] < DK))
     tl.store(DV_ + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :], acc_v.to(DV_.dtype.element_ty),
@@ -305,16 +354,18 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     rows = offs_m < Tq
     q, qv, do, lse, delta = _query_rows(Q, QV, DO, LSE, DELTA, bh, offs_m, Tq, DK, DR, DV, dk, dr, dv, HAS_XL)
     acc_q = tl.zeros([BM, BDK], tl.float32)
-    acc_l = tl.zeros([BM, BW], tl.float32)
+    acc_l = tl.zeros([BM, BW], tl.float32)  # dL of the near tiles
+    far_hi = tl.zeros([BM], tl.float32)      # dL's row 2c from the far tiles before the diagonal, ...
+    far_lo = tl.zeros([BM], tl.float32)      # ... its row 0 from those after it
     acc_qv = tl.zeros([BM, BDR], tl.float32)
     wcol = tl.arange(0, BW)
     wwin = tl.arange(0, WP)
     lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
     a, b = hi, hi
-    if HAS_SHAW:
+    if HAS_SHAW or HAS_VAL:
         a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN)
     # with Shaw's table, the far tiles before and after the diagonal apart, as in the forward
-    for seg in tl.static_range(3 if HAS_SHAW else 1):
+    for seg in tl.static_range(3 if HAS_SHAW or HAS_VAL else 1):
         start, end = _segment(seg, lo, a, b, hi)
         for n0 in range(start, end, BN):
             offs_n = n0 + tl.arange(0, BN)
@@ -323,18 +374,24 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
             if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
                 k = _tile(K, bkv, offs_n, cols, Tk, DK, dk)
                 v = _tile(V, bkv, offs_n, cols, Tk, DV, dv)
+                col = 2 * C if seg == 0 else (-1 if seg == 1 else 0)
                 s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
                                 XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
-                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC)
+                                C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC, col)
                 p = tl.exp2(s - lse[:, None])
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                 if HAS_VAL:
-                    dp += _row_table(GH, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
+                    dp = _add_table(dp, GH, bh, offs_m, offs_n, Tq, Tk, SOFF, C, W, col)
                 ds = p * (dp - delta[:, None])
                 acc_q += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
                 if HAS_SHAW:
-                    acc_l = _onto_table(acc_l, ds, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0, SOFF, C, BM, BN, BW,
-                                        seg)
+                    if seg == 0:
+                        far_hi += tl.sum(ds, 1)
+                    elif seg == 1:
+                        acc_l = _onto_table(acc_l, ds, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0, SOFF, C, BM, BN,
+                                            BW)
+                    else:
+                        far_lo += tl.sum(ds, 1)
                 if HAS_XL:
                     dqr = _onto_window(ds, BM, BN, WP)  # dS onto the tile's window of distances
                     acc_qv += tl.dot(dqr.to(rw.dtype), rw, input_precision=PREC)
@@ -348,6 +405,8 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     tl.store(DQ + bh * Tq * DK + offs_m[:, None] * DK + dk[None, :], (acc_q * scale).to(DQ.dtype.element_ty),
              mask=rows[:, None] & (dk[None, :] < DK))
     if HAS_SHAW:
+        acc_l += tl.where(wcol[None, :] == 2 * C, far_hi[:, None], 0.0) + tl.where(wcol[None, :] == 0, far_lo[:, None],
+                                                                                    0.0)
         tl.store(DL + bh * Tq * W + offs_m[:, None] * W + wcol[None, :], acc_l,
                  mask=rows[:, None] & (wcol[None, :] < W))
     if HAS_XL:
