@@ -35,7 +35,7 @@ import torch
 __all__ = ["Launch", "backend_call", "record_launches", "compiled_modules", "compile_launch", "pipelined",
            "resources"]
 
-MODULES = ("triton_tiles", "triton_kernels", "triton_squared_kernels")
+MODULES = ("triton_tiles", "triton_shaw", "triton_kernels", "triton_squared_kernels")
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "i8",
           torch.int32: "i32", torch.int64: "i64"}
 

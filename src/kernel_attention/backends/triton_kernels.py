@@ -33,11 +33,8 @@ distances r = rlo + w, rlo = base + m0 - n0 - (BN - 1), w = (i - m0) - (j - n0) 
 the (BM, WP) products qv · R[rlo:rlo + WP]^T (WP = the next power of two) and gathers column w of each
 pair; its backward gathers dS back onto the window (j - n0 = (i - m0) - w + BN - 1).
 
-With Shaw's table every loop runs in three segments (:func:`_near_tiles`, :func:`_near_query_tiles`): the tiles
-far before and far after the diagonal, all of whose pairs fall on table row 2c or 0, and the near tiles.  A far
-tile reads its logits' table term (and dHv) as one column loaded per row instead of a gather per pair, and where
-the table is summed per row (Hv, dL) adds the rows' sums into one vector per far segment; the near tiles gather
-per pair and loop over their table rows.  No loop inside the far loops, so Triton pipelines them.
+With Shaw's table every loop runs in three segments, the tiles far before and far after the diagonal (each reading
+one column of the table) and the near ones (:mod:`~kernel_attention.backends.triton_shaw`).
 
 All tensors are contiguous with the batch and head folded into one leading axis (B·H), except k and v, of B·H / G
 heads when G query heads share each (grouped-query attention: ``_bwd_kv`` then writes dk and dv per query head,
@@ -50,32 +47,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernel_attention.backends.triton_shaw import _add_table, _near_query_tiles, _near_tiles, _onto_table, _segment
 from kernel_attention.backends.triton_tiles import _keep, _key_mask, _key_range, _query_range, _tile, _visits
 
 __all__ = ["flash_forward", "flash_backward_kv", "flash_backward_q"]
-
-
-@triton.jit
-def _shaw_index(offs_m, offs_n, SOFF, C: tl.constexpr):
-    """(BM, BN): the table row clip(o + i - j, -c, c) + c of each pair."""
-    return tl.minimum(tl.maximum(SOFF + offs_m[:, None] - offs_n[None, :], -C), C) + C
-
-
-@triton.jit
-def _row_table(X, bh, offs_m, offs_n, idx, Tq, Tk, W: tl.constexpr):
-    """X[bh, i, idx_ij] (BM, BN) of a (B·H, Tq, W) per-row table (0 outside the tensors)."""
-    inb = (offs_m[:, None] < Tq) & (offs_n[None, :] < Tk)
-    return tl.load(X + bh * Tq * W + offs_m[:, None] * W + idx, mask=inb, other=0.0)
-
-
-@triton.jit
-def _add_table(x, X, bh, offs_m, offs_n, Tq, Tk, SOFF, C: tl.constexpr, W: tl.constexpr, COL: tl.constexpr):
-    """x (BM, BN) plus X[bh, i, idx_ij] of a (B·H, Tq, W) per-row table: gathered per pair (COL < 0), or, for a far
-    tile, whose pairs all read one column COL (0 or 2c), that column loaded once per row."""
-    if COL < 0:
-        return x + _row_table(X, bh, offs_m, offs_n, _shaw_index(offs_m, offs_n, SOFF, C), Tq, Tk, W)
-    else:
-        return x + tl.load(X + bh * Tq * W + offs_m * W + COL, mask=offs_m < Tq, other=0.0)[:, None]
 
 
 @triton.jit
@@ -85,54 +60,6 @@ def _onto_window(x, BM: tl.constexpr, BN: tl.constexpr, WP: tl.constexpr):
     ji = tl.arange(0, BM)[:, None] - tl.arange(0, WP)[None, :] + (BN - 1)
     inw = (ji >= 0) & (ji < BN)
     return tl.where(inw, tl.gather(x, tl.minimum(tl.maximum(ji, 0), BN - 1), axis=1), 0.0)
-
-
-@triton.jit
-def _onto_table(acc, x, idx, m0, n0, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr):
-    """acc (BM, BW) plus x (BM, BN) summed per table row, acc[i, w] += sum_{j: idx_ij = w} x_ij, for a near tile
-    (segment 1 of :func:`_near_tiles`): a loop over the table rows clip(d) + c of its distances d in
-    [o + m0 - (n0 + BN - 1), o + m0 + BM - 1 - n0].  (Every pair of a far tile is on one table row, 0 or 2c: the
-    kernels sum those tiles' rows into a vector per row instead.)"""
-    wcol = tl.arange(0, BW)
-    w_lo = tl.minimum(tl.maximum(SOFF + m0 - (n0 + BN - 1), -C), C) + C
-    w_hi = tl.minimum(tl.maximum(SOFF + m0 + BM - 1 - n0, -C), C) + C + 1
-    for wc in range(w_lo, w_hi):
-        col = tl.sum(tl.where(idx == wc, x, 0.0), 1)
-        acc += tl.where(wcol[None, :] == wc, col[:, None], 0.0)
-    return acc
-
-
-@triton.jit
-def _split_tiles(lo, hi, x, y, STEP: tl.constexpr):
-    """(a, b): a loop over the tiles starting at lo + k·STEP below hi, in three segments: [lo, a) the tiles starting
-    at or before x, [b, hi) those starting at or after y, [a, b) the rest."""
-    a = tl.where(x >= lo, lo + ((x - lo) // STEP + 1) * STEP, lo)
-    b = tl.where(y > lo, lo + ((y - lo + STEP - 1) // STEP) * STEP, lo)
-    a = tl.minimum(a, hi)
-    return a, tl.minimum(tl.maximum(b, a), hi)
-
-
-@triton.jit
-def _near_tiles(m0, lo, hi, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """(a, b): the key tiles [lo, hi) of a query tile at m0 in three segments by the rows of Shaw's table their pairs
-    fall on: [lo, a) every distance o + i - j >= c (row 2c), [a, b) several rows, [b, hi) every distance <= -c
-    (row 0)."""
-    return _split_tiles(lo, hi, SOFF + m0 - (BN - 1) - C, SOFF + m0 + BM - 1 + C, BN)
-
-
-@triton.jit
-def _near_query_tiles(n0, lo, hi, SOFF, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """(a, b): the query tiles [lo, hi) of a key tile at n0 in three segments, as :func:`_near_tiles`: [lo, a) every
-    distance <= -c (row 0), [a, b) several rows, [b, hi) every distance >= c (row 2c)."""
-    return _split_tiles(lo, hi, n0 - (BM - 1) - C - SOFF, n0 + BN - 1 + C - SOFF, BM)
-
-
-@triton.jit
-def _segment(SEG: tl.constexpr, lo, a, b, hi):
-    """[start, end) of segment SEG of a loop that :func:`_split_tiles` split at a and b."""
-    start = lo if SEG == 0 else (a if SEG == 1 else b)
-    end = a if SEG == 0 else (b if SEG == 1 else hi)
-    return start, end
 
 
 @triton.jit
@@ -201,9 +128,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
     far_hi = tl.zeros([BM], tl.float32)      # Hv's row 2c from the far tiles before the diagonal, ...
     far_lo = tl.zeros([BM], tl.float32)      # ... its row 0 from those after it
     lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
-    a, b = hi, hi
-    if HAS_SHAW or HAS_VAL:
-        a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN)
+    a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN, HAS_SHAW or HAS_VAL)
     m_hi = m_i
     m_near = m_i
     # with Shaw's table, three loops: the tiles far before the diagonal, the near ones, the far ones after it; every
@@ -231,8 +156,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
                     if seg == 0:
                         far_hi = far_hi * alpha + tl.sum(p, 1)
                     elif seg == 1:
-                        acc_h = _onto_table(acc_h * alpha[:, None], p, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0,
-                                            SOFF, C, BM, BN, BW)
+                        acc_h = _onto_table(acc_h * alpha[:, None], p, offs_m, offs_n, m0, n0, SOFF, C, BM, BN, BW)
                     else:
                         far_lo = far_lo * alpha + tl.sum(p, 1)
                 m_i = m_new
@@ -300,9 +224,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
     acc_v = tl.zeros([BN, BDV], tl.float32)
     acc_b = tl.zeros([BN], tl.float32)
     lo, hi = _query_range(n0, Tq, OFF, DLO, DHI, BM, BN, MODE)
-    a, b = hi, hi
-    if HAS_SHAW or HAS_VAL:
-        a, b = _near_query_tiles(n0, lo, hi, SOFF, C, BM, BN)
+    a, b = _near_query_tiles(n0, lo, hi, SOFF, C, BM, BN, HAS_SHAW or HAS_VAL)
     # with Shaw's table, the far query tiles (one column of the table per tile) apart, as in the forward
     for seg in tl.static_range(3 if HAS_SHAW or HAS_VAL else 1):
         start, end = _segment(seg, lo, a, b, hi)
@@ -361,9 +283,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     wcol = tl.arange(0, BW)
     wwin = tl.arange(0, WP)
     lo, hi = _key_range(m0, Tk, OFF, DLO, DHI, BM, BN, MODE)
-    a, b = hi, hi
-    if HAS_SHAW or HAS_VAL:
-        a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN)
+    a, b = _near_tiles(m0, lo, hi, SOFF, C, BM, BN, HAS_SHAW or HAS_VAL)
     # with Shaw's table, the far tiles before and after the diagonal apart, as in the forward
     for seg in tl.static_range(3 if HAS_SHAW or HAS_VAL else 1):
         start, end = _segment(seg, lo, a, b, hi)
@@ -388,8 +308,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
                     if seg == 0:
                         far_hi += tl.sum(ds, 1)
                     elif seg == 1:
-                        acc_l = _onto_table(acc_l, ds, _shaw_index(offs_m, offs_n, SOFF, C), m0, n0, SOFF, C, BM, BN,
-                                            BW)
+                        acc_l = _onto_table(acc_l, ds, offs_m, offs_n, m0, n0, SOFF, C, BM, BN, BW)
                     else:
                         far_lo += tl.sum(ds, 1)
                 if HAS_XL:
