@@ -6,8 +6,10 @@
 # table's comparisons have seeds early; of Table 2, the linear rows (the table's main finding, against the
 # exponential kernel of Table 1) come first.
 #
-#   [PROCS=2] [OUT=studies] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
+#   [PROCS=2] [OUT=studies] [LOGS=studies/logs] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
 #
+# LOGS names the folder of the processes' logs (queue.<i>.log): another one for a second run of the script
+# beside a running one, say one more process on a core that came free.
 # Each process walks the same queue; the runner's cell locks keep two processes off one cell, finished cells
 # are skipped and unfinished ones resume from their last.pt, so the script can be stopped (kill its process
 # group) and started again at any time; a cell finished under a smaller train.max_steps trains on from its
@@ -22,11 +24,12 @@ cd "$(dirname "$0")/.."
 PROCS=${PROCS:-$(nproc)}
 OUT=${OUT:-studies}
 KA=${KA:-.venv/bin/kernel-attention}
+LOGS=${LOGS:-$OUT/logs}
 QUEUE=(dissection-positions:t1-sp/vaswani
        dissection-positions:t1-nmt dissection-kernels:t2-nmt/linear dissection-order:t3-nmt
        dissection-values:t4-nmt ika-translation: dissection-kernels:t2-nmt
        dissection-positions:t1-sp dissection-kernels:t2-sp dissection-order:t3-sp dissection-values:t4-sp)
-mkdir -p "$OUT/logs"
+mkdir -p "$LOGS"
 walk() {
     for set in "${QUEUE[@]}"; do
         name=${set%%:*}; only=${set#*:}
@@ -36,7 +39,7 @@ walk() {
     done
 }
 for i in $(seq "$PROCS"); do
-    walk > "$OUT/logs/queue.$i.log" 2>&1 &
+    walk > "$LOGS/queue.$i.log" 2>&1 &
     sleep 5
 done
 wait
