@@ -93,6 +93,24 @@ def test_one_column_legend_is_the_row_labels_and_mean_mode_draws_a_band(tmp_path
         plt.close(fig)
 
 
+def test_a_log_axis_follows_the_lines_and_cuts_a_band_that_nears_zero(tmp_path):
+    """Two seeds far apart: mean - std is 500 times below the mean line; the axis keeps to the lines."""
+    table = TableSpec("t9", "Table 9, NMT (BLEU)", "bleu", True, ROWS[:1], [("nmt", "NMT")], {})
+    cells = [Cell("not-registered", "t9", "exp", "nmt", s, {}) for s in (1, 2)]
+    results = [_write_cell(tmp_path, c, [loss] * 8, [(8, 10.0)]) for c, loss in zip(cells, (1.0, 1e-3))]
+    fig = figures.training_curves_figure(table, cells, lambda c: tmp_path / c.id, results, seeds="mean")
+    try:
+        loss = fig.axes[0]
+        assert loss.get_yscale() == "log"
+        assert list(loss.get_lines()[0].get_ydata()) == pytest.approx([0.5005] * 8)
+        band = loss.collections[0].get_paths()[0].vertices[:, 1]
+        assert band.min() == pytest.approx(1e-3)  # the band itself is drawn as computed ...
+        # ... and cut at the lines' range (a flat line: a factor 1.5 either side)
+        assert loss.get_ylim() == pytest.approx((0.5005 / 1.5, 0.5005 * 1.5))
+    finally:
+        plt.close(fig)
+
+
 def test_mean_std_studies_average_their_seeds_by_default(tmp_path):
     table, cells, dir_of, results = _grid(tmp_path, [("bleu", "BLEU")])
     cells = [Cell("ika-translation", *(getattr(c, k) for k in ("table", "row", "col", "seed", "config")))

@@ -234,11 +234,16 @@ def _draw(ax, variant: _Variant, part: str, mode: str, colour) -> bool:
 
 
 def _positive_log(ax) -> None:
-    """Log y when every drawn value is positive (losses, perplexities)."""
+    """Log y when every drawn value is positive (losses, perplexities).  The limits follow the lines, 5% of
+    their log range beyond them: a ± std band whose lower edge nears or crosses zero is cut at the axis
+    rather than stretching it over decades no line reaches."""
     ys = np.concatenate([np.asarray(l.get_ydata(), float) for l in ax.get_lines()] or [np.zeros(0)])
     ys = ys[np.isfinite(ys)]
     if ys.size and (ys > 0).all():
         ax.set_yscale("log")
+        lo, hi = ys.min(), ys.max()
+        pad = (hi / lo) ** 0.05 if hi > lo else 1.5
+        ax.set_ylim(lo / pad, hi * pad)
         # 3, 5, 300 rather than 3 x 10^0; between the powers of ten only 2, 3 and 5 x 10^k, which do not crowd
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:e}"[0] in "235" else ""))
