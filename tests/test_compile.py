@@ -68,6 +68,14 @@ def test_grouped_query_attention_compiles_fullgraph():
     _compare(layer, torch.randn(2, 16, D_MODEL))
 
 
+def test_a_layer_under_bf16_autocast_compiles_fullgraph():
+    """Training under CPU autocast: the fused call's float32 rule (``sdpa_float32_max_keys``) traces too."""
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(D_MODEL, HEADS, kernel="exp", filter="causal")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _compare(layer, torch.randn(2, 16, D_MODEL), atol=2e-2)
+
+
 def test_transformer_block_compiles_fullgraph():
     torch.manual_seed(0)
     block = ka.TransformerBlock(D_MODEL, HEADS, 64, attention=dict(kernel="rbf", position="xl", filter="causal"))

@@ -83,6 +83,57 @@ def test_causal_with_padding_runs_on_sdpa_up_to_the_policys_keys(kernel, backend
     assert c.name != "sdpa" and "above 512 keys (here 513)" in c.reasons["sdpa"]
 
 
+class _SdpaInputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the query dtype of each fused attention forward that runs (after autocast's casts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__
+        if "scaled_dot_product" in name and "backward" not in name:
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("how", ["bf16 inputs", "autocast"])
+def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys_keys(how):
+    """bfloat16 (the inputs, or CPU autocast over float32 ones) with gradients: one float32 SDPA call up to the
+    policy's ``sdpa_float32_max_keys`` (CPU: 256), its output cast back to bfloat16, values and gradients those
+    of dense in float32 to bfloat16's precision; without gradients, or above the limit, the bfloat16 call."""
+    assert POLICIES["cpu"].sdpa_float32_max_keys == 256 and POLICIES["cuda"].sdpa_float32_max_keys is None
+    bf16 = how == "bf16 inputs"
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=not bf16)
+
+    def run(t, grad=True, backend="auto"):
+        x = [y.detach().to(torch.bfloat16 if bf16 else torch.float32).requires_grad_(grad) for y in inputs(t, t)]
+        key_mask = torch.ones(B, t, dtype=torch.bool)
+        key_mask[0, t // 2:] = False
+        seen = _SdpaInputs()
+        with amp, seen:
+            out = attention(*x, "exp", "causal", key_mask=key_mask, backend=backend)
+            c = explain(*x, "exp", "causal", key_mask=key_mask)
+        return x, out, seen.dtypes, c
+
+    (q, k, v), out, seen, c = run(12)
+    assert seen == [torch.float32] and out.dtype == torch.bfloat16, seen
+    assert c.name == "sdpa" and c.reasons["sdpa"].endswith(", in float32 (not bfloat16)")
+    grads = torch.autograd.grad(out.float().pow(2).sum(), (q, k, v))
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    key_mask = torch.ones(B, 12, dtype=torch.bool)
+    key_mask[0, 6:] = False
+    ref = attention(*ref_in, "exp", "causal", key_mask=key_mask, backend="dense")
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1.6e-2)
+    for g, r in zip(grads, torch.autograd.grad(ref.pow(2).sum(), ref_in)):
+        assert g.dtype == q.dtype
+        torch.testing.assert_close(g.float(), r, atol=3e-2, rtol=3e-2)
+    for kw in ({"t": 12, "grad": False}, {"t": 257}):
+        _, out, seen, c = run(**kw)
+        assert seen == [torch.bfloat16] and out.dtype == torch.bfloat16, (kw, seen)
+        assert c.name == "sdpa" and "float32" not in c.reasons["sdpa"]
+
+
 def test_explain_names_every_backend_in_order_with_a_reason():
     """explain lists the backends of ORDER in order: the ones before the chosen say why they do not run the
     call, the chosen says how it runs it, the ones after say whether they could."""

@@ -53,6 +53,10 @@ class DevicePolicy:
     #: Up to this many keys ``sdpa`` runs the causal filter with padding as one call on the formed (B, 1, Tq, Tk)
     #: mask; above, blockwise, which skips the blocks past the diagonal, was faster.  None: never.
     sdpa_mask_max_keys: int | None = None
+    #: Up to this many keys ``sdpa`` runs a call that needs gradients in bfloat16 or float16 (its inputs' dtype,
+    #: or autocast's) as a float32 call, the output cast back: the fused kernel's reduced-precision backward was
+    #: the slower there.  None: never.
+    sdpa_float32_max_keys: int | None = None
     #: Whether ``auto`` takes ``triton`` where it runs a call and no rule of its own passes it over: only once its
     #: kernels, compiled for the device, have passed their tests there and were timed there.
     triton_auto: bool = False
@@ -64,7 +68,8 @@ POLICIES: dict[str, DevicePolicy] = {
                         kept_logits_elements=1 << 25, dropout_blocked_elements=1 << 25,
                         squared_dropout_dense_elements=1 << 23, linear_min_keys=256, linear_feature_factor=1,
                         scan_elements=1 << 23,
-                        banded_rows_full=256, banded_rows_causal=64, sdpa_mask_max_keys=512),
+                        banded_rows_full=256, banded_rows_causal=64, sdpa_mask_max_keys=512,
+                        sdpa_float32_max_keys=256),
     "cuda": DevicePolicy(block_elements=1 << 25, shared_block_elements=1 << 25, max_block_rows=256,
                          dense_preferred_elements=1 << 27, sliced_min_keys=None, slice_elements=1 << 24,
                          kept_logits_elements=0, dropout_blocked_elements=None,

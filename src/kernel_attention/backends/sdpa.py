@@ -15,9 +15,15 @@ rows of a sequence with no real key are zeroed after the call: a query whose fil
 zeros and zero gradient without reading the mask back to the host.  The causal filter with padding (a
 decoder's batch) enters so too, as its formed (B, 1, Tq, Tk) mask, up to the device policy's
 ``sdpa_mask_max_keys``.
+
+A call that needs gradients in bfloat16 or float16 (its inputs, or autocast) runs in float32 up to the device
+policy's ``sdpa_float32_max_keys``, its output cast back to that dtype: on short sequences the CPU's fused
+backward in reduced precision was slower than in float32.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +50,19 @@ def shared_positions(p: Problem) -> bool:
     t = p.terms
     return (t is not None and t.q_feat is not None and t.q_feat.shape[0] == 1 and t.k_feat.shape[0] == 1
             and p.shape[0] > 1)
+
+
+def float32_inside(p: Problem) -> torch.dtype | None:
+    """The reduced precision (bfloat16, float16) the call would run in, where the device policy has it run in
+    float32 instead (gradients needed, at most ``sdpa_float32_max_keys`` keys); None otherwise."""
+    limit = policy(p.q.device).sdpa_float32_max_keys
+    if limit is None or p.shape[3] > limit:
+        return None
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (p.q, p.k, p.v))):
+        return None
+    dev = p.q.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else p.q.dtype
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
 #: ``scaled_dot_product_attention(enable_gqa=True)``, from PyTorch 2.5
@@ -110,13 +129,18 @@ class SdpaBackend(Backend):
         mask = (", causal with padding (its mask formed)" if causal_padding(p) else
                 ", causal" if not p.full and not p.key_only else (", padding mask" if not p.full else ""))
         grouped = ", on the grouped key/value heads" if p.kv_groups > 1 and _runs_grouped(p, self.key_bias) else ""
-        return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}{grouped}"
+        up = float32_inside(p) if how == "features" else None
+        f32 = f", in float32 (not {str(up).removeprefix('torch.')})" if up is not None else ""
+        return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}{grouped}{f32}"
 
     def run(self, p: Problem):
         k, v, groups = p.grouped_kv()
         if groups > 1 and not _runs_grouped(p, self.key_bias):
             k, v, groups = p.k, p.v, 1
         qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, k=k)
+        up = float32_inside(p) if key_bias is None else None
+        if up is not None:
+            qf, kf, v = qf.float(), kf.float(), v.float()
         keep = key_only_mask(p)
         if keep is None and causal_padding(p):
             keep = p.keep
@@ -134,7 +158,10 @@ class SdpaBackend(Backend):
             if p.q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
                 d = -(-d // 8) * 8
             gqa = {"enable_gqa": True} if groups > 1 else {}
-            out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d), attn_mask=mask,
-                                                 dropout_p=p.dropout_p, is_causal=is_causal, scale=scale, **gqa)
+            # autocast would cast the float32 call back to its own dtype
+            with torch.autocast(qf.device.type, enabled=False) if up is not None else contextlib.nullcontext():
+                out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d), attn_mask=mask,
+                                                     dropout_p=p.dropout_p, is_causal=is_causal, scale=scale, **gqa)
             out = out if d == dv else out[..., :dv]
+            out = out if up is None else out.to(up)
         return (out if empty is None else out.masked_fill(empty, 0.0)), None
