@@ -68,6 +68,7 @@ def test_grouped_query_attention_compiles_fullgraph():
     _compare(layer, torch.randn(2, 16, D_MODEL))
 
 
+@pytest.mark.slow
 def test_a_layer_under_bf16_autocast_compiles_fullgraph():
     """Training under CPU autocast: the fused call's float32 rule (``sdpa_float32_max_keys``) traces too."""
     torch.manual_seed(0)
