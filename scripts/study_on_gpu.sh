@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Converged study cells on a GPU machine, many at once, for a set time (LIMIT, under 8 minutes by default):
 #
-#   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] bash scripts/study_on_gpu.sh [STUDY[:ONLY][@N] ...]
+#   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] [SEEDS=N] [IMPORT=1] bash scripts/study_on_gpu.sh \
+#       [STUDY[:ONLY][@N] ...]
 #   default: dissection-positions:t1-sp@5 dissection-kernels:t2-sp@6
 #
 # The default sets are SP columns, whose cells finish inside a window when about eleven share the GPU.  An NMT
@@ -12,8 +13,9 @@
 #
 # Each STUDY[:ONLY] gets N processes (default PROCS, 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
 # into a studies folder (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420)
-# they are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  The cells of a
-# published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they are not trained again.
+# they are stopped, and each study is collected (--collect-only: runs.csv, table.md, figures).  SEEDS, when set, is
+# their --seeds.  The cells of a published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they
+# are not trained again; IMPORT=0 leaves them out, to train published cells again (a result since found stale).
 #
 # Two files come back under $OUT: study.log and studies.tar.gz, the studies folder with each process's log and
 # without checkpoints (*.pt), so a cell stopped before it finished starts again next window, and a finished one is
@@ -31,6 +33,7 @@ OUT=${OUT:-/tmp/gpu_out}
 PROCS=${PROCS:-4}
 LIMIT=${LIMIT:-420}
 SCALE=${SCALE:-converged}
+IMPORT=${IMPORT:-1}
 PY=${PYTHON:-python3}
 ROOT=$PWD
 [[ $PY == */* && $PY != /* ]] && PY=$ROOT/$PY   # a relative path must survive the cd below
@@ -55,10 +58,11 @@ for set in "${SETS[@]}"; do
     name=${set%%:*}; only=${set#*:}; [ "$only" = "$set" ] && only=""
     # the cells published so far are carried in, not trained again
     published=$ROOT/docs/results/$name-$SCALE/runs.csv
-    [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" \
+    [ "$IMPORT" = 1 ] && [ -f "$published" ] && $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" \
         --import-runs "$published" --collect-only --no-figures | tail -n 1
     for i in $(seq "$procs"); do
         timeout -k 20 -s TERM "$LIMIT" $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${only:+--only "$only"} \
+            ${SEEDS:+--seeds "$SEEDS"} \
             --out "$STUDIES" --no-figures > "$STUDIES/logs/$name.$i.log" 2>&1 &
         pids+=($!)
     done
@@ -66,7 +70,7 @@ done
 wait "${pids[@]}"
 for set in "${SETS[@]}"; do
     name=${set%@*}; name=${name%%:*}
-    $PY "${CLI[@]}" study "$name" --scale "$SCALE" --out "$STUDIES" --collect-only | tail -n 3
+    $PY "${CLI[@]}" study "$name" --scale "$SCALE" ${SEEDS:+--seeds "$SEEDS"} --out "$STUDIES" --collect-only | tail -n 3
 done
 find "$STUDIES" -name '*.pt' -delete
 echo "== $(date -u +%H:%M:%S) finished cells: $(find "$STUDIES" -name result.json | wc -l)"
