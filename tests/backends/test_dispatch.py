@@ -106,14 +106,17 @@ def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys
     bf16 = how == "bf16 inputs"
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=not bf16)
 
-    def run(t, grad=True, backend="auto"):
-        x = [y.detach().to(torch.bfloat16 if bf16 else torch.float32).requires_grad_(grad) for y in inputs(t, t)]
+    def padding(t):
         key_mask = torch.ones(B, t, dtype=torch.bool)
         key_mask[0, t // 2:] = False
+        return key_mask
+
+    def run(t, grad=True):
+        x = [y.detach().to(torch.bfloat16 if bf16 else torch.float32).requires_grad_(grad) for y in inputs(t, t)]
         seen = _SdpaInputs()
         with amp, seen:
-            out = attention(*x, "exp", "causal", key_mask=key_mask, backend=backend)
-            c = explain(*x, "exp", "causal", key_mask=key_mask)
+            out = attention(*x, "exp", "causal", key_mask=padding(t))
+            c = explain(*x, "exp", "causal", key_mask=padding(t))
         return x, out, seen.dtypes, c
 
     (q, k, v), out, seen, c = run(12)
@@ -121,9 +124,7 @@ def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys
     assert c.name == "sdpa" and c.reasons["sdpa"].endswith(", in float32 (not bfloat16)")
     grads = torch.autograd.grad(out.float().pow(2).sum(), (q, k, v))
     ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    key_mask = torch.ones(B, 12, dtype=torch.bool)
-    key_mask[0, 6:] = False
-    ref = attention(*ref_in, "exp", "causal", key_mask=key_mask, backend="dense")
+    ref = attention(*ref_in, "exp", "causal", key_mask=padding(12), backend="dense")
     torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1.6e-2)
     for g, r in zip(grads, torch.autograd.grad(ref.pow(2).sum(), ref_in)):
         assert g.dtype == q.dtype
