@@ -137,7 +137,9 @@ def test_squared_with_magnitude_dropout_in_float32_and_gradcheck():
         torch.manual_seed(0)
         return attention(q, k, v, small, "causal", backend="squared:block=1024")
     assert torch.equal(f(q, k, v), f(q, k, v))
-    assert torch.autograd.gradcheck(f, (q, k, v))
+    # fast mode: one random projection of the Jacobian rather than all 576 columns; a backward that drew other
+    # masks fails it as the full check does
+    assert torch.autograd.gradcheck(f, (q, k, v), fast_mode=True)
 
 
 @pytest.mark.parametrize("spec", ["ikan-direct:official=true,p=3.0",
