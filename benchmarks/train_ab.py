@@ -1,0 +1,105 @@
+"""Training wall time of one config under two settings, A and B, run alternately: the same updates (no
+evaluation, no checkpoints) each time, each run printing its progress lines and its total wall time.
+
+    python benchmarks/train_ab.py CONFIG --compile [--steps 150] [--repeats 1] [--threads 1]
+    python benchmarks/train_ab.py CONFIG --policy sdpa_float32_max_keys=None [--steps 80] [--repeats 2]
+
+``--compile``: A eager, B with ``train.compile=true`` (``torch.compile(model, dynamic=True)``; B's wall time
+includes the compilation).  ``--policy FIELD=VALUE``: A the device policy as shipped, B with one field of the
+CPU's :class:`~kernel_attention.backends.policy.DevicePolicy` replaced (an integer, or None).  Runs alternate
+(A, B, A, B, ...) so that a change in the machine's load falls on both.  The last line is B's mean wall time
+over A's.
+
+CONFIG is a training config, e.g. a study cell's ``config.yaml``
+(``studies/dissection-kernels-converged/cells/t2-nmt__exp__nmt-asym__s1/config.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+
+import torch
+import yaml
+
+from kernel_attention.tasks.runner import train
+
+# the module, not the function of the same name that kernel_attention.backends exports
+policy_module = importlib.import_module("kernel_attention.backends.policy")
+
+
+def policy_field(text: str) -> tuple[str, int | None]:
+    """``FIELD=VALUE`` of ``--policy``: a DevicePolicy field and an integer or None."""
+    name, sep, value = text.partition("=")
+    fields = {f.name for f in dataclasses.fields(policy_module.DevicePolicy)}
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with FIELD one of {sorted(fields)}, got {text!r}")
+    if value == "None":
+        return name, None
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: expected an integer or None, got {value!r}") from None
+
+
+@contextlib.contextmanager
+def cpu_policy(field: str, value: int | None) -> Iterator[None]:
+    """The CPU's device policy with ``field`` set to ``value`` for the duration."""
+    shipped = policy_module.POLICIES["cpu"]
+    policy_module.POLICIES["cpu"] = dataclasses.replace(shipped, **{field: value})
+    try:
+        yield
+    finally:
+        policy_module.POLICIES["cpu"] = shipped
+
+
+def wall(cfg: dict, context: contextlib.AbstractContextManager) -> float:
+    """Wall seconds of training ``cfg`` from scratch inside ``context``."""
+    with tempfile.TemporaryDirectory() as out, context:
+        t = time.perf_counter()
+        train(cfg, out, resume=False)
+        return time.perf_counter() - t
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--compile", action="store_true", help="A eager, B with train.compile=true")
+    which.add_argument("--policy", type=policy_field, metavar="FIELD=VALUE",
+                       help="A the CPU policy as shipped, B with FIELD set to VALUE (an integer or None)")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--repeats", type=int, default=1, help="runs of each setting")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    cfg = yaml.safe_load(open(a.config))
+    cfg["train"].update(max_steps=a.steps, eval_every=0, checkpoint_every=0, patience=None)
+    if cfg["task"]["name"] == "translation":  # its final evaluation: a few sentences, not the split
+        cfg.setdefault("eval", {})["max_sentences"] = 5
+    if a.compile:
+        names = ("eager", "compiled")
+        settings = [(cfg, contextlib.nullcontext), ({**cfg, "train": {**cfg["train"], "compile": True}},
+                                                    contextlib.nullcontext)]
+    else:
+        field, value = a.policy
+        names = (f"{field}={getattr(policy_module.POLICIES['cpu'], field)} (shipped)", f"{field}={value}")
+        settings = [(cfg, contextlib.nullcontext), (cfg, lambda: cpu_policy(field, value))]
+    walls: tuple[list[float], list[float]] = ([], [])
+    for _ in range(a.repeats):
+        for i, (c, context) in enumerate(settings):
+            walls[i].append(wall(c, context()))
+            print(f"{names[i]}: {a.steps} updates in {walls[i][-1]:.1f} s "
+                  f"(torch {torch.__version__}, {a.threads} thread(s))", flush=True)
+    print(f"{names[1]} / {names[0]}: {statistics.mean(walls[1]) / statistics.mean(walls[0]):.2f} "
+          f"(mean wall time of {a.repeats} run(s) each)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""``benchmarks/train_ab.py`` trains a tiny config under its two settings, alternately, with the policy field
+changed in B's runs only."""
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+policy_module = importlib.import_module("kernel_attention.backends.policy")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_ab.py"
+CFG = {
+    "task": {"name": "synthetic", "kind": "copy", "vocab": 5, "min_len": 2, "max_len": 3, "batch_size": 8,
+             "train_size": 16, "valid_size": 4, "test_size": 4},
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 8, "enc_layers": 1, "dec_layers": 1, "dropout": 0.0},
+    "train": {"max_steps": 50, "lr": 0.01, "progress": False},
+}
+
+
+@pytest.fixture
+def bench(tmp_path):
+    spec = importlib.util.spec_from_file_location("train_ab_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(CFG))
+    return mod, str(path)
+
+
+def test_policy_runs_alternate_with_the_field_changed_in_b_only(bench, capsys, monkeypatch):
+    mod, cfg = bench
+    seen = []
+
+    def recording_train(c, out, resume):
+        seen.append((c["train"]["max_steps"], policy_module.policy("cpu").sdpa_float32_max_keys))
+        return real_train(c, out, resume=resume)
+
+    real_train = mod.train
+    monkeypatch.setattr(mod, "train", recording_train)
+    shipped = policy_module.POLICIES["cpu"]
+    mod.main([cfg, "--policy", "sdpa_float32_max_keys=None", "--steps", "2", "--repeats", "2"])
+    assert seen == [(2, shipped.sdpa_float32_max_keys), (2, None)] * 2
+    assert policy_module.POLICIES["cpu"] is shipped
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0] for ln in lines if "updates in" in ln] == [
+        f"sdpa_float32_max_keys={shipped.sdpa_float32_max_keys} (shipped)", "sdpa_float32_max_keys=None"] * 2
+    assert lines[-1].startswith("sdpa_float32_max_keys=None / sdpa_float32_max_keys=")
+    assert float(lines[-1].split(": ")[1].split()[0]) > 0
+
+
+def test_compile_sets_train_compile_in_b_only(bench, monkeypatch):
+    mod, cfg = bench
+    seen = []
+    monkeypatch.setattr(mod, "train", lambda c, out, resume: seen.append(c["train"].get("compile", False)))
+    mod.main([cfg, "--compile", "--steps", "2"])
+    assert seen == [False, True]
+
+
+@pytest.mark.parametrize("bad", ["sdpa_float32_max_keys", "no_such_field=1", "sdpa_float32_max_keys=many"])
+def test_a_bad_policy_argument_exits_2_naming_what_is_accepted(bench, capsys, bad):
+    mod, cfg = bench
+    with pytest.raises(SystemExit) as e:
+        mod.main([cfg, "--policy", bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "sdpa_float32_max_keys" in err and ("integer or None" in err or "FIELD=VALUE" in err)
