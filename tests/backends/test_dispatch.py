@@ -98,10 +98,12 @@ class _SdpaInputs(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 @pytest.mark.parametrize("how", ["bf16 inputs", "autocast"])
-def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys_keys(how):
+@pytest.mark.parametrize("kernel, backend", [("exp", "auto"), ("rbf", "sdpa:key_bias=mask")])
+def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys_keys(how, kernel, backend):
     """bfloat16 (the inputs, or CPU autocast over float32 ones) with gradients: one float32 SDPA call up to the
     policy's ``sdpa_float32_max_keys`` (CPU: 256), its output cast back to bfloat16, values and gradients those
-    of dense in float32 to bfloat16's precision; without gradients, or above the limit, the bfloat16 call."""
+    of dense in float32 to bfloat16's precision; without gradients, or above the limit, the bfloat16 call.
+    So too for rbf's key bias as the fused kernel's mask (its own backward)."""
     assert POLICIES["cpu"].sdpa_float32_max_keys == 256 and POLICIES["cuda"].sdpa_float32_max_keys is None
     bf16 = how == "bf16 inputs"
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=not bf16)
@@ -115,8 +117,8 @@ def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys
         x = [y.detach().to(torch.bfloat16 if bf16 else torch.float32).requires_grad_(grad) for y in inputs(t, t)]
         seen = _SdpaInputs()
         with amp, seen:
-            out = attention(*x, "exp", "causal", key_mask=padding(t))
-            c = explain(*x, "exp", "causal", key_mask=padding(t))
+            out = attention(*x, kernel, "causal", key_mask=padding(t), backend=backend)
+            c = explain(*x, kernel, "causal", key_mask=padding(t), backend=backend)
         return x, out, seen.dtypes, c
 
     (q, k, v), out, seen, c = run(12)
@@ -124,7 +126,7 @@ def test_reduced_precision_with_gradients_runs_sdpa_in_float32_up_to_the_policys
     assert c.name == "sdpa" and c.reasons["sdpa"].endswith(", in float32 (not bfloat16)")
     grads = torch.autograd.grad(out.float().pow(2).sum(), (q, k, v))
     ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = attention(*ref_in, "exp", "causal", key_mask=padding(12), backend="dense")
+    ref = attention(*ref_in, kernel, "causal", key_mask=padding(12), backend="dense")
     torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1.6e-2)
     for g, r in zip(grads, torch.autograd.grad(ref.pow(2).sum(), ref_in)):
         assert g.dtype == q.dtype

@@ -129,7 +129,7 @@ class SdpaBackend(Backend):
         mask = (", causal with padding (its mask formed)" if causal_padding(p) else
                 ", causal" if not p.full and not p.key_only else (", padding mask" if not p.full else ""))
         grouped = ", on the grouped key/value heads" if p.kv_groups > 1 and _runs_grouped(p, self.key_bias) else ""
-        up = float32_inside(p) if how == "features" else None
+        up = float32_inside(p)
         f32 = f", in float32 (not {str(up).removeprefix('torch.')})" if up is not None else ""
         return f"one scaled_dot_product_attention call on {p.kernel.name} {how}{extra}{mask}{grouped}{f32}"
 
@@ -138,9 +138,15 @@ class SdpaBackend(Backend):
         if groups > 1 and not _runs_grouped(p, self.key_bias):
             k, v, groups = p.k, p.v, 1
         qf, kf, scale, key_bias = sdpa_features(p, self.key_bias, k=k)
-        up = float32_inside(p) if key_bias is None else None
+        up = float32_inside(p)
+        dev = qf.device.type
         if up is not None:
             qf, kf, v = qf.float(), kf.float(), v.float()
+            key_bias = None if key_bias is None else key_bias.float()
+        elif key_bias is not None and torch.is_autocast_enabled(dev):
+            # the fused op that KeyBiasSDPA calls is not on autocast's lists: cast as autocast casts SDPA's inputs
+            low = torch.get_autocast_dtype(dev)
+            qf, kf, v, key_bias = qf.to(low), kf.to(low), v.to(low), key_bias.to(low)
         keep = key_only_mask(p)
         if keep is None and causal_padding(p):
             keep = p.keep
@@ -150,18 +156,18 @@ class SdpaBackend(Backend):
             big = -0.5 * torch.finfo(qf.dtype).max  # finite: a row with no key stays finite, then is zeroed
             mask = torch.zeros(keep.shape, dtype=qf.dtype, device=qf.device).masked_fill(~keep, big)
             empty = ~keep.any(-1, keepdim=True)  # (B|1, H|1, 1 | Tq, 1)
-        if key_bias is not None:
-            out = KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale)
-        else:
-            dv = v.shape[-1]
-            d = max(qf.shape[-1], dv)
-            if p.q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
-                d = -(-d // 8) * 8
-            gqa = {"enable_gqa": True} if groups > 1 else {}
-            # autocast would cast the float32 call back to its own dtype
-            with torch.autocast(qf.device.type, enabled=False) if up is not None else contextlib.nullcontext():
+        # autocast would cast the float32 call back to its own dtype
+        with torch.autocast(dev, enabled=False) if up is not None else contextlib.nullcontext():
+            if key_bias is not None:
+                out = KeyBiasSDPA.apply(qf, kf, v, key_bias, mask, is_causal, scale)
+            else:
+                dv = v.shape[-1]
+                d = max(qf.shape[-1], dv)
+                if p.q.device.type == "cuda":  # CUDA's flash and memory-efficient kernels need D % 8 == 0
+                    d = -(-d // 8) * 8
+                gqa = {"enable_gqa": True} if groups > 1 else {}
                 out = F.scaled_dot_product_attention(pad_last(qf, d), pad_last(kf, d), pad_last(v, d), attn_mask=mask,
                                                      dropout_p=p.dropout_p, is_causal=is_causal, scale=scale, **gqa)
-            out = out if d == dv else out[..., :dv]
-            out = out if up is None else out.to(up)
+                out = out if d == dv else out[..., :dv]
+        out = out if up is None else out.to(up)
         return (out if empty is None else out.masked_fill(empty, 0.0)), None
