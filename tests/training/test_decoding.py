@@ -85,3 +85,36 @@ def test_beam_beats_greedy_somewhere_and_respects_max_len():
         for row, L in zip(b.tokens, b.lengths):
             assert row[L - 1] == EOS and EOS not in row[: L - 1].tolist()
     assert gains > 0
+
+
+class _ScalarReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts reads of one tensor element into Python (``int(t)``, ``float(t)``, ``t.item()``): on a GPU each
+    waits for the device."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("batch", [2, 32])
+def test_greedy_reads_the_device_once_a_step_whatever_the_batch(batch):
+    """A step whose arg-max is never EOS runs every sentence to max_len: at most one element read per step (whether
+    all are done), not one per sentence; the result is greedy's all the same (beam 1)."""
+    dec = ToyDecoder(0)
+
+    def step(prefix, h):
+        lp, h = dec.step(prefix, h)
+        return lp.index_fill(1, torch.tensor([EOS]), -30.0), h  # never the arg-max; forced at max_len
+
+    h0 = torch.randn(batch, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    reads = _ScalarReads()
+    with reads:
+        g = greedy_search(step, batch, bos=BOS, eos=EOS, max_len=6, state=h0, pad=PAD)
+    assert reads.count <= 6 and (g.lengths == 6).all()
+    b = beam_search(step, batch, beam=1, bos=BOS, eos=EOS, max_len=6, state=h0, pad=PAD)
+    assert torch.equal(g.tokens, b.tokens)
+    torch.testing.assert_close(g.scores, b.scores)

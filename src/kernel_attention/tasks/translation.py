@@ -153,7 +153,7 @@ class TranslationTask(Task):
         else:
             out = greedy_search(step, src.shape[0], v.bos_id, v.eos_id, max_len, state=state, pad=v.pad_id,
                                 device=src.device)
-        return [[t for t in row.tolist() if t not in (v.pad_id, v.eos_id)] for row in out.tokens]
+        return [[t for t in row if t not in (v.pad_id, v.eos_id)] for row in out.tokens.tolist()]
 
     def translate_lines(self, model: nn.Module, lines: list[str]) -> list[str]:
         """Tokenised source sentences -> tokenised translations (BPE applied and removed)."""

@@ -57,10 +57,11 @@ def reorder_state(state: Any, index: torch.Tensor) -> Any:
 
 def _pack(seqs: list[list[int]], scores: list[float], pad: int, device) -> Decoded:
     L = max(len(s) for s in seqs)
-    tokens = torch.full((len(seqs), L), pad, dtype=torch.long, device=device)
+    tokens = torch.full((len(seqs), L), pad, dtype=torch.long)
     for i, s in enumerate(seqs):
         tokens[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return Decoded(tokens, torch.tensor(scores, dtype=torch.float32), torch.tensor([len(s) for s in seqs]))
+    # built on the host and moved once: a copy per row would be a transfer per sentence
+    return Decoded(tokens.to(device), torch.tensor(scores, dtype=torch.float32), torch.tensor([len(s) for s in seqs]))
 
 
 def _mask(lp: torch.Tensor, eos: int, pad: int | None, last: bool) -> torch.Tensor:
@@ -77,24 +78,31 @@ def _mask(lp: torch.Tensor, eos: int, pad: int | None, last: bool) -> torch.Tens
 @torch.no_grad()
 def greedy_search(step: StepFn, batch_size: int, bos: int, eos: int, max_len: int, state: Any = None,
                   pad: int | None = 0, len_penalty: float = 1.0, device: torch.device | str = "cpu") -> Decoded:
-    """Arg-max decoding; stops a sentence at EOS (forced at ``max_len`` tokens)."""
+    """Arg-max decoding; stops a sentence at EOS (forced at ``max_len`` tokens).
+
+    Each step reads the batch's arg-max and its log-probability back to the host once, as two (B,) tensors:
+    on a GPU, reading them per sentence would wait for the device B times a step."""
     prefix = torch.full((batch_size, 1), bos, dtype=torch.long, device=device)
     total = torch.zeros(batch_size, dtype=torch.float64)
-    out: list[list[int]] = [[] for _ in range(batch_size)]
-    done = [False] * batch_size
+    lengths = torch.zeros(batch_size, dtype=torch.long)
+    done = torch.zeros(batch_size, dtype=torch.bool)
+    steps: list[torch.Tensor] = []  # (B,) tokens of each step, on the host
     for t in range(max_len):
         lp, state = step(prefix, state)
         lp = _mask(lp, eos, pad, t == max_len - 1)
         best, tok = lp.max(-1)
-        for b in range(batch_size):
-            if not done[b]:
-                out[b].append(int(tok[b]))
-                total[b] += float(best[b])
-                done[b] = int(tok[b]) == eos
-        if all(done):
+        best_h, tok_h = best.double().cpu(), tok.cpu()
+        live = ~done
+        steps.append(tok_h)
+        total += best_h.where(live, 0.0)
+        lengths += live.long()
+        done |= tok_h == eos
+        if bool(done.all()):
             break
         prefix = torch.cat([prefix, tok.view(-1, 1).to(prefix.device)], 1)
-    scores = [float(total[b]) / len(out[b]) ** len_penalty for b in range(batch_size)]
+    rows = torch.stack(steps, 1).tolist()
+    out = [row[:n] for row, n in zip(rows, lengths.tolist())]
+    scores = [float(s) / n ** len_penalty for s, n in zip(total.tolist(), lengths.tolist())]
     res = _pack(out, scores, pad if pad is not None else eos, device)
     res.nbest = [[(out[b], scores[b])] for b in range(batch_size)]
     return res
@@ -104,22 +112,26 @@ def greedy_search(step: StepFn, batch_size: int, bos: int, eos: int, max_len: in
 def beam_search(step: StepFn, batch_size: int, beam: int, bos: int, eos: int, max_len: int, state: Any = None,
                 reorder: Callable[[Any, torch.Tensor], Any] = reorder_state, len_penalty: float = 1.0,
                 pad: int | None = 0, device: torch.device | str = "cpu") -> Decoded:
-    """fairseq-style beam search (see the module docstring); returns the best and the ``beam``-best."""
+    """fairseq-style beam search (see the module docstring); returns the best and the ``beam``-best.
+
+    Each step ranks the candidates on the model's device and reads back the (B, 2·beam) best; the prefixes are
+    kept on the host too, so that a finished hypothesis is read without waiting for the device."""
     B, K = batch_size, beam
     N = B * K
     ninf = float("-inf")
     state = reorder(state, torch.arange(B, device=device).repeat_interleave(K)) if state is not None else None
-    prefix = torch.full((N, 1), bos, dtype=torch.long, device=device)
+    prefix_h = torch.full((N, 1), bos, dtype=torch.long)
+    prefix = prefix_h.to(device)
     live = torch.full((B, K), ninf, dtype=torch.float64)
     live[:, 0] = 0.0  # one real hypothesis per sentence to start with
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     done = [False] * B
     for t in range(max_len):
         lp, state = step(prefix, state)
-        lp = _mask(lp, eos, pad, t == max_len - 1).double().cpu()
+        lp = _mask(lp, eos, pad, t == max_len - 1).double()
         V = lp.size(-1)
-        cand = (live.view(N, 1) + lp).view(B, K * V)
-        top_s, top_i = cand.topk(min(2 * K, K * V), dim=1)
+        cand = (live.to(lp.device).view(N, 1) + lp).view(B, K * V)
+        top_s, top_i = (x.cpu() for x in cand.topk(min(2 * K, K * V), dim=1))
         src = torch.empty(B, K, dtype=torch.long)
         tok = torch.full((B, K), eos, dtype=torch.long)
         new_live = torch.full((B, K), ninf, dtype=torch.float64)
@@ -135,7 +147,7 @@ def beam_search(step: StepFn, batch_size: int, beam: int, bos: int, eos: int, ma
                 k, w = divmod(int(top_i[b, r]), V)
                 if w == eos:
                     if r < K:
-                        seq = prefix[b * K + k, 1:].tolist() + [eos]
+                        seq = prefix_h[b * K + k, 1:].tolist() + [eos]
                         finished[b].append((s / len(seq) ** len_penalty, seq))
                 elif n_live < K:
                     src[b, n_live], tok[b, n_live], new_live[b, n_live] = b * K + k, w, s
@@ -143,9 +155,9 @@ def beam_search(step: StepFn, batch_size: int, beam: int, bos: int, eos: int, ma
             done[b] = len(finished[b]) >= K or n_live == 0
         if all(done):
             break
-        index = src.view(-1).to(device)
-        prefix = torch.cat([prefix.index_select(0, index), tok.view(-1, 1).to(device)], 1)
-        state = reorder(state, index) if state is not None else None
+        prefix_h = torch.cat([prefix_h.index_select(0, src.view(-1)), tok.view(-1, 1)], 1)
+        prefix = prefix_h.to(device)
+        state = reorder(state, src.view(-1).to(device)) if state is not None else None
         live = new_live
     seqs, scores, nbest = [], [], []
     for b in range(B):
