@@ -4,6 +4,7 @@
     loop.py          Trainer: one loop (AdamW/Adam, schedules, clipping, accumulation, AMP,
                      DDP, evaluation, checkpoints, exact resume, metrics.jsonl, tqdm)
     config.py        TrainConfig (the ``train:`` section of a config) and seed_everything
+    optimizer.py     Adam / AdamW, fused where the device has it; loading a state written by either implementation
     schedules.py     SCHEDULES registry: constant, inverse_sqrt (fairseq), cosine (Transformer-XL)
     run_log.py       metrics.jsonl (and TensorBoard): append, read, cut back to a checkpoint on resume
     checkpoint.py    atomic last.pt / best.pt with RNG states and data position

@@ -51,7 +51,7 @@ calls the compiled module, ``task.evaluate`` may call it or :func:`~.task.unwrap
 the eager module's weights, so a run may be resumed with or without compiling.
 
 Precision ``"bf16"`` uses ``torch.autocast`` on the CPU or CUDA; ``"fp16"`` autocasts on CUDA with a
-``GradScaler`` and falls back to fp32, with a warning, elsewhere.  Optimisers: ``"adam"``
+``GradScaler`` and falls back to fp32, with a warning, elsewhere.  Optimisers (:mod:`.optimizer`): ``"adam"``
 (``torch.optim.Adam``, L2 weight decay added to the gradient) and ``"adamw"`` (decoupled weight decay; this
 is what fairseq's ``--optimizer adam --weight-decay`` does).
 """
@@ -76,6 +76,7 @@ from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint
                                                   set_rng_state)
 from kernel_attention.training.config import TrainConfig, seed_everything
 from kernel_attention.training.interrupt import StopRequest, Stopped
+from kernel_attention.training.optimizer import load_optimizer_state, make_optimizer
 from kernel_attention.training.progress_line import progress_display
 from kernel_attention.training.run_log import RunLog
 from kernel_attention.training.schedules import SCHEDULES
@@ -123,9 +124,7 @@ class Trainer:
         task.device = self.device
         seed_everything(config.seed + self.info.rank)  # dropout etc. differ per rank
 
-        cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = cls(self.raw_model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
-                             weight_decay=config.weight_decay)
+        self.optimizer = make_optimizer(self.raw_model.parameters(), config, self.device)
         self.planned_steps = self._planned_steps()
         self.schedule = SCHEDULES.create(config.schedule, lr=config.lr, max_steps=self.planned_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
@@ -180,7 +179,7 @@ class Trainer:
 
     def _restore(self, ck: dict[str, Any]) -> None:
         load_model_state(self.raw_model, ck["model"], self.run_dir / "last.pt")
-        self.optimizer.load_state_dict(ck["optimizer"])
+        load_optimizer_state(self.optimizer, ck["optimizer"])
         if ck.get("scaler") is not None and self.scaler.is_enabled():
             self.scaler.load_state_dict(ck["scaler"])
         rngs = ck["rng"]

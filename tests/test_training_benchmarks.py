@@ -1,5 +1,6 @@
-"""``benchmarks/train_ab.py`` trains a tiny config under its two settings, alternately, with the policy field
-changed in B's runs only."""
+"""The training benchmarks on a tiny config: ``benchmarks/train_ab.py`` trains it under its two settings,
+alternately, with the policy field changed in B's runs only; ``benchmarks/optimizer_step.py`` times Adam's
+implementations over its parameters."""
 
 import importlib
 import importlib.util
@@ -66,3 +67,15 @@ def test_a_bad_policy_argument_exits_2_naming_what_is_accepted(bench, capsys, ba
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "sdpa_float32_max_keys" in err and ("integer or None" in err or "FIELD=VALUE" in err)
+
+
+def test_optimizer_step_prints_a_row_per_implementation_and_thread_count(bench, capsys):
+    """``benchmarks/optimizer_step.py`` on the same tiny config."""
+    _, cfg = bench
+    spec = importlib.util.spec_from_file_location("optimizer_step_bench", SCRIPT.parent / "optimizer_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main([cfg, "--threads", "1", "0", "--repeats", "2"])
+    rows = [r.split("|") for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "ms" not in r]
+    assert [r[2].strip() for r in rows] == list(mod.IMPLEMENTATIONS) * 2
+    assert all(float(r[3]) > 0 for r in rows) and [float(r[4]) for r in rows][2::3] == [1.0, 1.0]
