@@ -1,5 +1,6 @@
 """Training wall time of one config under two settings, A and B, run alternately: the same updates (no
-evaluation, no checkpoints) each time, each run printing its progress lines and its total wall time.
+evaluation, no checkpoints) each time, each run printing its progress lines and its total wall time.  The
+process takes the allocator settings of the command line (:func:`kernel_attention.malloc.configure`).
 
     python benchmarks/train_ab.py CONFIG --compile [--steps 150] [--repeats 1] [--threads 1]
     python benchmarks/train_ab.py CONFIG --policy sdpa_float32_max_keys=None [--steps 80] [--repeats 2]
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 import torch
 import yaml
 
+from kernel_attention.malloc import configure
 from kernel_attention.tasks.runner import train
 
 # the module, not the function of the same name that kernel_attention.backends exports
@@ -78,6 +80,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs of each setting")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
+    malloc = configure()  # the allocator settings `kernel-attention train` runs with
     torch.set_num_threads(a.threads)
     cfg = yaml.safe_load(open(a.config))
     cfg["train"].update(max_steps=a.steps, eval_every=0, checkpoint_every=0, patience=None)
@@ -96,7 +99,7 @@ def main(argv=None) -> None:
         for i, (c, context) in enumerate(settings):
             walls[i].append(wall(c, context()))
             print(f"{names[i]}: {a.steps} updates in {walls[i][-1]:.1f} s "
-                  f"(torch {torch.__version__}, {a.threads} thread(s))", flush=True)
+                  f"(torch {torch.__version__}, {a.threads} thread(s), malloc {malloc})", flush=True)
     print(f"{names[1]} / {names[0]}: {statistics.mean(walls[1]) / statistics.mean(walls[0]):.2f} "
           f"(mean wall time of {a.repeats} run(s) each)")
 
