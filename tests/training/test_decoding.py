@@ -118,3 +118,20 @@ def test_greedy_reads_the_device_once_a_step_whatever_the_batch(batch):
     b = beam_search(step, batch, beam=1, bos=BOS, eos=EOS, max_len=6, state=h0, pad=PAD)
     assert torch.equal(g.tokens, b.tokens)
     torch.testing.assert_close(g.scores, b.scores)
+
+
+@pytest.mark.gpu
+def test_greedy_and_beam_on_cuda_give_the_cpus_hypotheses():
+    dec = ToyDecoder(3)
+
+    def on_cuda(prefix, h):
+        assert prefix.is_cuda
+        lp, h = dec.step(prefix.cpu(), h.cpu())
+        return lp.cuda(), h.cuda()
+
+    h0 = torch.randn(5, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for search, kw in ((greedy_search, {}), (beam_search, {"beam": 3})):
+        cpu = search(dec.step, 5, bos=BOS, eos=EOS, max_len=6, state=h0, pad=PAD, **kw)
+        cuda = search(on_cuda, 5, bos=BOS, eos=EOS, max_len=6, state=h0.cuda(), pad=PAD, device="cuda", **kw)
+        assert cuda.tokens.is_cuda and torch.equal(cuda.tokens.cpu(), cpu.tokens)
+        torch.testing.assert_close(cuda.scores, cpu.scores)

@@ -65,3 +65,26 @@ def test_a_state_from_either_implementation_resumes_in_the_other_with_its_own_im
     _steps(loader, resumed, 5, seed=2)
     for a, b in zip(resumed, straight):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_per_parameter_state_from_the_cpu_resumes_fused_on_cuda():
+    """A checkpoint that travels: five per-parameter steps on the CPU, its state loaded into the fused optimiser
+    built for CUDA parameters (the step counts move to the device, as fused needs), five more steps there."""
+    cpu = _params()
+    opt = torch.optim.Adam(cpu, lr=0.01, foreach=False)
+    _steps(opt, cpu, 5)
+    state = copy.deepcopy(opt.state_dict())
+    cuda = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
+    loader = make_optimizer(cuda, TrainConfig(max_steps=1, lr=0.01), torch.device("cuda"))
+    load_optimizer_state(loader, state)
+    assert loader.param_groups[0]["fused"]
+    assert all(s["step"].device.type == "cuda" for s in loader.state.values())
+    _steps(opt, cpu, 5, seed=2)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        for p in cuda:
+            p.grad = torch.randn(p.shape, generator=g).cuda()
+        loader.step()
+    for a, b in zip(cuda, cpu):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
