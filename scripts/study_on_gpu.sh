@@ -6,10 +6,10 @@
 #   default: dissection-positions:t1-sp@5 dissection-kernels:t2-sp@6
 #
 # The default sets are SP columns, whose cells finish inside a window when about eleven share the GPU.  An NMT
-# cell does not: its evaluations decode the validation split greedily, and on an H100 shared that way it makes
-# about a third of its 6,000 updates in a window; the TD tables' NMT columns also train on from the last.pt of a
-# shorter step limit kept on the CPU machine (study/extend.py), which a window does not have.  docs/benchmarks.md
-# gives the measured cost of each.
+# cell did not: its evaluations decode the validation split greedily, and on an H100 shared that way it made about
+# a third of its 6,000 updates in a window (measured before decoding read the device once a step rather than once
+# a sentence, 117ba68); the TD tables' NMT columns also train on from the last.pt of a shorter step limit kept on
+# the CPU machine (study/extend.py), which a window does not have.  docs/benchmarks.md gives the measured cost of each.
 #
 # Each STUDY[:ONLY] gets N processes (default PROCS, 4) of `kernel-attention study STUDY --scale SCALE --only ONLY`
 # into a studies folder (the runner's cell locks keep them off each other's cells); at LIMIT seconds (default 420)
