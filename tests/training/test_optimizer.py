@@ -88,3 +88,10 @@ def test_a_per_parameter_state_from_the_cpu_resumes_fused_on_cuda():
         loader.step()
     for a, b in zip(cuda, cpu):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_state_with_other_parameter_groups_is_refused_by_torch():
+    opt = make_optimizer(_params(), TrainConfig(max_steps=1), torch.device("cpu"))
+    other = torch.optim.Adam([{"params": _params()[:1]}, {"params": _params()[1:]}])
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        load_optimizer_state(opt, other.state_dict())

@@ -40,6 +40,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]
     A state dict's parameter groups carry the implementation flags of the optimiser that wrote it, and
     loading would put them back (and place the step counts for that implementation: on the parameters'
     device when fused, on the host otherwise); the groups get this optimiser's flags first."""
-    flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-    groups = [{**saved, **own} for saved, own in zip(state["param_groups"], flags)]
-    optimizer.load_state_dict({**state, "param_groups": groups})
+    saved = state["param_groups"]
+    if len(saved) == len(optimizer.param_groups):  # else load_state_dict refuses it, saying why
+        flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+        state = {**state, "param_groups": [{**group, **own} for group, own in zip(saved, flags)]}
+    optimizer.load_state_dict(state)
