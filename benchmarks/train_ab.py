@@ -1,15 +1,18 @@
 """Training wall time of one config under two settings, A and B, run alternately: the same updates (no
-evaluation, no checkpoints) each time, each run printing its progress lines and its total wall time.  The
+evaluation, no checkpoints) each time, each run printing its progress lines, its total wall time and that of its
+updates (without the final evaluation), which the last line compares: B's mean over A's.  The
 process takes the allocator settings of the command line (:func:`kernel_attention.malloc.configure`).
 
     python benchmarks/train_ab.py CONFIG --compile [--steps 150] [--repeats 1] [--threads 1]
     python benchmarks/train_ab.py CONFIG --policy sdpa_float32_max_keys=None [--steps 80] [--repeats 2]
+    python benchmarks/train_ab.py CONFIG --per-parameter-adam [--steps 40] [--repeats 2]
 
 ``--compile``: A eager, B with ``train.compile=true`` (``torch.compile(model, dynamic=True)``; B's wall time
 includes the compilation).  ``--policy FIELD=VALUE``: A the device policy as shipped, B with one field of the
-CPU's :class:`~kernel_attention.backends.policy.DevicePolicy` replaced (an integer, or None).  Runs alternate
-(A, B, A, B, ...) so that a change in the machine's load falls on both.  The last line is B's mean wall time
-over A's.
+CPU's :class:`~kernel_attention.backends.policy.DevicePolicy` replaced (an integer, or None).
+``--per-parameter-adam``: A the trainer's fused Adam, B PyTorch's per-parameter loop (the CPU's default
+implementation; :data:`kernel_attention.training.optimizer.FUSED_DEVICES` emptied).  Runs alternate
+(A, B, A, B, ...) so that a change in the machine's load falls on both.
 
 CONFIG is a training config, e.g. a study cell's ``config.yaml``
 (``studies/dissection-kernels-converged/cells/t2-nmt__exp__nmt-asym__s1/config.yaml``).
@@ -31,6 +34,8 @@ import yaml
 
 from kernel_attention.malloc import configure
 from kernel_attention.tasks.runner import train
+from kernel_attention.training import optimizer as optimizer_module
+from kernel_attention.training.run_log import read_metrics
 
 # the module, not the function of the same name that kernel_attention.backends exports
 policy_module = importlib.import_module("kernel_attention.backends.policy")
@@ -61,12 +66,26 @@ def cpu_policy(field: str, value: int | None) -> Iterator[None]:
         policy_module.POLICIES["cpu"] = shipped
 
 
-def wall(cfg: dict, context: contextlib.AbstractContextManager) -> float:
-    """Wall seconds of training ``cfg`` from scratch inside ``context``."""
+@contextlib.contextmanager
+def per_parameter_adam() -> Iterator[None]:
+    """The trainer's optimiser on no device's fused implementation for the duration."""
+    fused = optimizer_module.FUSED_DEVICES
+    optimizer_module.FUSED_DEVICES = ()
+    try:
+        yield
+    finally:
+        optimizer_module.FUSED_DEVICES = fused
+
+
+def wall(cfg: dict, context: contextlib.AbstractContextManager) -> tuple[float, float]:
+    """Wall seconds of training ``cfg`` from scratch inside ``context``: the whole run, and its updates alone
+    (the last train record's ``wall_s``: without the final evaluation; the whole run where there is none)."""
     with tempfile.TemporaryDirectory() as out, context:
         t = time.perf_counter()
         train(cfg, out, resume=False)
-        return time.perf_counter() - t
+        total = time.perf_counter() - t
+        updates = max((r["wall_s"] for r in read_metrics(out) if r["split"] == "train"), default=total)
+        return total, updates
 
 
 def main(argv=None) -> None:
@@ -76,6 +95,8 @@ def main(argv=None) -> None:
     which.add_argument("--compile", action="store_true", help="A eager, B with train.compile=true")
     which.add_argument("--policy", type=policy_field, metavar="FIELD=VALUE",
                        help="A the CPU policy as shipped, B with FIELD set to VALUE (an integer or None)")
+    which.add_argument("--per-parameter-adam", action="store_true",
+                       help="A the trainer's fused Adam, B the per-parameter implementation")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=1, help="runs of each setting")
     p.add_argument("--threads", type=int, default=1)
@@ -90,18 +111,22 @@ def main(argv=None) -> None:
         names = ("eager", "compiled")
         settings = [(cfg, contextlib.nullcontext), ({**cfg, "train": {**cfg["train"], "compile": True}},
                                                     contextlib.nullcontext)]
+    elif a.per_parameter_adam:
+        names = ("fused Adam", "per-parameter Adam")
+        settings = [(cfg, contextlib.nullcontext), (cfg, per_parameter_adam)]
     else:
         field, value = a.policy
         names = (f"{field}={getattr(policy_module.POLICIES['cpu'], field)} (shipped)", f"{field}={value}")
         settings = [(cfg, contextlib.nullcontext), (cfg, lambda: cpu_policy(field, value))]
-    walls: tuple[list[float], list[float]] = ([], [])
+    walls: tuple[list[float], list[float]] = ([], [])  # the updates' seconds of each run
     for _ in range(a.repeats):
         for i, (c, context) in enumerate(settings):
-            walls[i].append(wall(c, context()))
-            print(f"{names[i]}: {a.steps} updates in {walls[i][-1]:.1f} s "
+            total, updates = wall(c, context())
+            walls[i].append(updates)
+            print(f"{names[i]}: {a.steps} updates in {total:.1f} s, {updates:.1f} s without the final evaluation "
                   f"(torch {torch.__version__}, {a.threads} thread(s), malloc {malloc})", flush=True)
     print(f"{names[1]} / {names[0]}: {statistics.mean(walls[1]) / statistics.mean(walls[0]):.2f} "
-          f"(mean wall time of {a.repeats} run(s) each)")
+          f"(mean wall time of the updates, {a.repeats} run(s) each)")
 
 
 if __name__ == "__main__":

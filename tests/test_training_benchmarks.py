@@ -7,7 +7,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+
+from kernel_attention.training.config import TrainConfig
 
 policy_module = importlib.import_module("kernel_attention.backends.policy")
 
@@ -57,6 +60,21 @@ def test_compile_sets_train_compile_in_b_only(bench, monkeypatch):
     monkeypatch.setattr(mod, "train", lambda c, out, resume: seen.append(c["train"].get("compile", False)))
     mod.main([cfg, "--compile", "--steps", "2"])
     assert seen == [False, True]
+
+
+def test_per_parameter_adam_in_b_only(bench, monkeypatch):
+    """B's trainer builds Adam without the fused implementation, A's with it, and the setting is restored."""
+    mod, cfg = bench
+    seen = []
+
+    def recording_train(c, out, resume):
+        opt = mod.optimizer_module.make_optimizer([torch.nn.Parameter(torch.zeros(2))], TrainConfig(max_steps=1),
+                                                  torch.device("cpu"))
+        seen.append(bool(opt.param_groups[0]["fused"]))
+
+    monkeypatch.setattr(mod, "train", recording_train)
+    mod.main([cfg, "--per-parameter-adam", "--steps", "2", "--repeats", "2"])
+    assert seen == [True, False] * 2 and mod.optimizer_module.FUSED_DEVICES == ("cpu", "cuda")
 
 
 @pytest.mark.parametrize("bad", ["sdpa_float32_max_keys", "no_such_field=1", "sdpa_float32_max_keys=many"])
