@@ -7,9 +7,16 @@ is a band (full, causal, local) with no sparse pattern or padding, each key or q
 asynchronously (``async_copy_global_to_local``: Triton's software pipeline, which a branch around the loads
 disables).
 
-Skipped where triton is not installed; takes a few seconds per kernel.
+Each case compiles with the installed Triton and with every other release installed into a folder named in
+``KERNEL_ATTENTION_TRITON_SITES`` (``pip install --target DIR triton==X``; folders separated by ``os.pathsep``):
+Triton's releases reject different code (a constexpr bound to a local name compiles with 3.9 and fails with
+3.6), and ``.ci/run`` adds 3.3.0, the oldest the extras accept, and 3.6.0, the one torch 2.11's CUDA build pins,
+to its slow run.
+
+Skipped where triton is not installed; takes a few seconds per kernel and release.
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -37,23 +44,41 @@ CASES = {
 # Triton's interpreter, once it has run in a process (tests/backends/test_triton.py), leaves triton.language
 # patched for itself: the compilation runs in a fresh process.
 _COMPILE = """
-import json, sys
+import json, sys, triton
 from kernel_attention.backends.triton_aot import (backend_call, compile_launch, compiled_modules, pipelined,
                                                   record_launches)
 mods = compiled_modules()
 out = {name: [[x.kernel, pipelined(compile_launch(x, mods))]
               for x in record_launches(backend_call(**kw))] for name, kw in json.loads(sys.argv[1]).items()}
-print(json.dumps(out))
+print(json.dumps({"triton": triton.__version__, "cases": out}))
 """
 
 
-@pytest.fixture(scope="module")
-def compiled():
+#: folders holding other Triton releases to compile with (marked slow), besides the installed one (None)
+SITES = [None] + [pytest.param(p, marks=pytest.mark.slow)
+                  for p in os.environ.get("KERNEL_ATTENTION_TRITON_SITES", "").split(os.pathsep) if p]
+
+
+def _release(site):
+    """The Triton release a site folder holds, from its dist-info folder's name: 'triton-3.6.0'."""
+    if site is None:
+        return "installed"
+    found = glob.glob(os.path.join(site, "triton-*.dist-info"))
+    assert len(found) == 1, f"{site} should hold one Triton release (pip install --target), found {found}"
+    return os.path.basename(found[0])[:-len(".dist-info")]
+
+
+@pytest.fixture(scope="module", params=SITES, ids=_release)
+def compiled(request):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if request.param is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (request.param, env.get("PYTHONPATH")) if p)
     cases = json.dumps({name: kw for name, (kw, _) in CASES.items()})
     run = subprocess.run([sys.executable, "-c", _COMPILE, cases], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.splitlines()[-1])
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert request.param is None or _release(request.param) == f"triton-{out['triton']}", out["triton"]
+    return out["cases"]
 
 
 @pytest.mark.parametrize("case", list(CASES))

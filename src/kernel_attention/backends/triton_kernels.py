@@ -233,7 +233,9 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
                 offs_m = m0 + tl.arange(0, BM)
                 q, qv, do, lse, delta = _query_rows(Q, QV, DO, LSE, DELTA, bh, offs_m, Tq, DK, DR, DV, dk, dr, dv,
                                                     HAS_XL)
-                col = 0 if seg == 0 else (-1 if seg == 1 else 2 * C)
+                # annotated: without it Triton 3.6 passes the name on as a runtime value, which the backward
+                # cannot compile with (3.9 can)
+                col: tl.constexpr = 0 if seg == 0 else (-1 if seg == 1 else 2 * C)
                 s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
                                 XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
                                 C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC, col)
@@ -294,7 +296,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
             if (PAT == 0 and not HAS_KM) or _visits(m0, n0, km, OFF, DLO, DHI, STRIDE, SC, BM, BN, PAT):
                 k = _tile(K, bkv, offs_n, cols, Tk, DK, dk)
                 v = _tile(V, bkv, offs_n, cols, Tk, DV, dv)
-                col = 2 * C if seg == 0 else (-1 if seg == 1 else 0)
+                col: tl.constexpr = 2 * C if seg == 0 else (-1 if seg == 1 else 0)
                 s, rw = _logits(q, k, bh, m0, n0, offs_m, offs_n, H, Tq, Tk, scale, KB, L, qv, R, roff, Rlen, DR,
                                 XBASE, SOFF, BIAS, SB0, SB1, SB2, SB3, OFF, DLO, DHI, STRIDE, SC, km, HAS_KB, HAS_SHAW,
                                 C, W, HAS_XL, HAS_BIAS, BM, BN, WP, BDR, MODE, PAT, HAS_KM, PREC, col)
