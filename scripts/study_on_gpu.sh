@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Converged study cells on a GPU machine, many at once, for a set time (LIMIT, under 8 minutes by default):
 #
-#   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] [SEEDS=N] [IMPORT=1] bash scripts/study_on_gpu.sh \
-#       [STUDY[:ONLY][@N] ...]
+#   OUT=/tmp/out [PROCS=4] [LIMIT=420] [SCALE=converged] [SEEDS=N] [IMPORT=1] [TESTS=0] \
+#       bash scripts/study_on_gpu.sh [STUDY[:ONLY][@N] ...]
 #   default: dissection-positions:t1-sp@5 dissection-kernels:t2-sp@6
 #
 # The default sets are SP columns, whose cells finish inside a window when about eleven share the GPU.  An NMT
@@ -17,10 +17,15 @@
 # their --seeds.  The cells of a published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they
 # are not trained again; IMPORT=0 leaves them out, to train published cells again (a result since found stale).
 #
-# Two files come back under $OUT: study.log and studies.tar.gz, the studies folder with each process's log and
-# without checkpoints (*.pt), so a cell stopped before it finished starts again next window, and a finished one is
-# complete in its result.json and metrics.jsonl.  `bash scripts/import_cells.sh PATH/studies.tar.gz` here brings
-# the finished cells into the studies folder the CPU runs use and collects their studies.
+# TESTS=1 also runs the CUDA tests beside the cells (as benchmarks/gpu_job.sh does, 200 s a step, 6 processes:
+# tests/backends/test_triton.py marked triton, then those marked gpu; logs tests_triton.log and tests_gpu.log under
+# $OUT), so that one lease both checks the code on the device and trains; the cells then take longer.
+#
+# Two files (four with TESTS=1) come back under $OUT: study.log and studies.tar.gz, the studies folder with each
+# process's log and without checkpoints (*.pt), so a cell stopped before it finished starts again next window, and a
+# finished one is complete in its result.json and metrics.jsonl.  `bash scripts/import_cells.sh
+# PATH/studies.tar.gz` here brings the finished cells into the studies folder the CPU runs use and collects their
+# studies.
 #
 # The machine has only the repository: the data root is .data/ in it when there is one (git-ignored; copy
 # ../shared/data/multi30k-de-en and wikitext-2 there and carry it), else $KERNEL_ATTENTION_DATA or ../shared/data.
@@ -67,6 +72,16 @@ for set in "${SETS[@]}"; do
         pids+=($!)
     done
 done
+if [ "${TESTS:-0}" = 1 ]; then
+    XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6" || true)
+    for step in "triton tests/backends/test_triton.py" "gpu"; do
+        read -r mark path <<< "$step"
+        echo "== $(date -u +%H:%M:%S) CUDA tests marked $mark (limit 200 s)"
+        (cd "$ROOT" && env -u TRITON_INTERPRET timeout 200 $PY -m pytest -v -rfE --tb=short -p no:cacheprovider $XDIST \
+            -m "$mark" $path > "$OUT/tests_$mark.log" 2>&1)
+        grep -E "FAILED|ERROR|[0-9]+ (passed|failed|skipped)" "$OUT/tests_$mark.log" | tail -n 30
+    done
+fi
 wait "${pids[@]}"
 for set in "${SETS[@]}"; do
     name=${set%@*}; name=${name%%:*}
