@@ -37,6 +37,8 @@ CASES = {
     "rbf, xl causal": (dict(kernel="rbf", position="xl", filt="causal"), True),
     "exp causal, grouped key/value heads": (dict(kernel="exp", filt="causal", h=4, kv_heads=2), True),
     "exp strided": (dict(kernel="exp", filt="strided:stride=16"), False),
+    "rbf (key bias), shaw strided": (dict(kernel="rbf", position="shaw", filt="strided:stride=16"), False),
+    "ikas causal": (dict(kernel="ikas", filt="causal"), True),
     "ikan-direct magnitude dropout, causal": (dict(kernel="ikan-direct:magnitude_dropout=0.1", filt="causal",
                                                    train=True), True),
 }
