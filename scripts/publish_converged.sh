@@ -5,7 +5,7 @@
 #   [OUT=studies] bash scripts/publish_converged.sh dissection-kernels
 #
 # The study is collected in place (--collect-only: runs.csv, table.md and the figures of the finished cells
-# with the current configuration), its runs.csv and figures are copied into the set's folder, and
+# with the current configuration), its runs.csv, curves.csv and figures are copied into the set's folder, and
 # `kernel-attention study report` rewrites the page.  A set that is not on the page yet needs its prose.md
 # (numbers through placeholders only) and an entry in docs/results/sections.yaml: the script says so and stops.
 set -euo pipefail
@@ -20,20 +20,21 @@ if [ ! -f "$set_dir/prose.md" ] || ! grep -q "set: $study-converged\$" docs/resu
     exit 2
 fi
 "$KA" study "$study" --scale converged --out "$OUT" --collect-only
-cp "$OUT/$study-converged/runs.csv" "$set_dir/"
-# A table's curves are drawn from its cells' metrics.jsonl; cells carried in with --import-runs have none.  Where
-# a variant (table, row, column) of a table has imported cells only, the new figure would lack its curve, so the
-# committed figure (drawn where those cells trained) is kept; otherwise the new one replaces it.
+cp "$OUT/$study-converged/runs.csv" "$OUT/$study-converged/curves.csv" "$set_dir/"
+# A table's curves are drawn from its cells' metrics.jsonl, or for cells carried in with --import-runs from the
+# curves.csv published beside the runs.csv (their curves.jsonl); cells published before curves.csv have neither.
+# Where a variant (table, row, column) of a table has such cells only, the new figure would lack its curve, so
+# the committed figure (drawn where those cells trained) is kept; otherwise the new one replaces it.
 cells=$OUT/$study-converged/cells
-logged() {  # true when a cell of variant $1 (cells/<table>__<row>__<col>) trained here; cells moved aside have a dot
+logged() {  # true when a cell of variant $1 (cells/<table>__<row>__<col>) has its curves here (moved aside: a dot)
     local dir
     for dir in "$1"__s*; do
         case $(basename "$dir") in *.*) continue ;; esac
-        [ -f "$dir/metrics.jsonl" ] && return 0
+        [ -f "$dir/metrics.jsonl" ] || [ -f "$dir/curves.jsonl" ] && return 0
     done
     return 1
 }
-lacks_curves() {  # true when some variant of table $1 has imported cells only
+lacks_curves() {  # true when some variant of table $1 has imported cells without curves only
     local dir
     for dir in "$cells/$1__"*; do
         case $(basename "$dir") in *.*) continue ;; esac

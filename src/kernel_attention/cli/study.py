@@ -17,7 +17,8 @@ cells another is training.
 published ones, say).  Cells whose configurations are equal train once.  A result records the configuration
 it ran with: one of another configuration (a config corrected since) is left out and not imported, and
 ``--rerun-stale`` runs such cells again (their old folders moved aside).
-Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
+Outputs: ``OUT/NAME/runs.csv``, ``OUT/NAME/curves.csv`` (the cells' curves, imported with the runs.csv
+beside it), ``OUT/NAME/table.md``, ``OUT/NAME/figures/*.png``.
 
 ``kernel-attention study report`` (``report`` in place of NAME; no study has that name) writes the results
 page, docs/results.md, from the result sets under docs/results/ (their runs.csv, figures and prose, listed in
@@ -57,7 +58,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "folders are moved to <cell>.stale-<key>)")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--collect-only", action="store_true",
-                   help="run no cell; rewrite runs.csv, table.md and figures from the finished cells")
+                   help="run no cell; rewrite runs.csv, curves.csv, table.md and figures from the finished cells")
     p.add_argument("--import-runs", action="append", default=[], metavar="CSV",
                    help="first carry the finished cells of a study's runs.csv (from another machine or an "
                    "earlier folder) into OUT, so they are skipped and collected with the new ones; repeatable")

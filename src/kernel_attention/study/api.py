@@ -1,4 +1,5 @@
-"""``execute(name, options, out)``: run a study's unfinished cells, then write runs.csv, table.md, figures/."""
+"""``execute(name, options, out)``: run a study's unfinished cells, then write runs.csv, curves.csv, table.md,
+figures/."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from kernel_attention.atomic_write import write_text
 from kernel_attention.machine import cpu
 from kernel_attention.study.core import StudyOptions, get_study
+from kernel_attention.study.curves import CURVES_CSV, cell_log, write_curves
 from kernel_attention.study.report import render_tables, write_csv
 from kernel_attention.study.runner import cell_dir, run_study
 
@@ -33,7 +35,8 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
             figures: bool = True, log=print, run: bool = True, import_from: tuple = (),
             rerun_stale: bool = False, checkpoint_minutes: float | None = None) -> dict:
     """Import (``import_from``: runs.csv files, see :mod:`.carry`), run (unless ``run=False``) + collect;
-    returns {"dir", "csv", "table", "figures", "results", "wall_s"}."""
+    returns {"dir", "csv", "table", "figures", "results", "wall_s"}.  curves.csv (:mod:`.curves`) holds the
+    curves of the finished cells whose log is here (their own, imported or a twin's)."""
     study = get_study(name)
     out = Path(out)
     sdir = out / study.folder(options.scale)
@@ -55,6 +58,14 @@ def execute(name: str, options: StudyOptions, out: str | Path, command: str = ""
     for line in shrink:
         log(f"  {options.scale} scale: {line}")
     csv_path = write_csv(sdir / "runs.csv", study, results)
+    by_id = {c.id: c for c in cells}
+    logs = {}
+    for r in results:
+        c = by_id.get(r.get("cell"))
+        records = [] if c is None else cell_log(cell_dir(out, study, c), r)
+        if records:
+            logs[c.id] = (records, study.table(c.table).metric)
+    write_curves(sdir / CURVES_CSV, logs)
     wall = sum(float(r.get("wall_s") or 0) for r in results)
     text = render_tables(study, results, shrink, options.scale, command, wall, host, earlier)
     write_text(sdir / "table.md", text)

@@ -10,7 +10,9 @@ seeds 1-3 that ran earlier, say.  Each imported record names its source (``"impo
 already finished here is left alone (the local run wins); rows of another study or scale, and rows whose
 table / row / column / seed disagree with their cell id, are errors (a wrong file, not something to merge),
 and such a file imports nothing.
-Imported cells have no ``metrics.jsonl``, so the training-curve figures show only the cells run here.
+Imported cells have no ``metrics.jsonl``; where a ``curves.csv`` lies beside the ``runs.csv`` (:mod:`.curves`),
+each imported cell's rows of it are written into its folder, so the training-curve figures draw it too (also for
+a cell finished here that has no log: one imported before its curves were published).
 A row whose ``config`` (the configuration key it ran with, :attr:`.core.Cell.key`) is not its cell's current one
 is not imported: it is a result of a configuration since corrected, and the cell runs again here.  Rows
 without one (CSVs written before it was recorded) are imported as they are.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from kernel_attention.atomic_write import write_text
 from kernel_attention.study.core import Cell, Study
+from kernel_attention.study.curves import CURVES_CSV, cell_log, read_curves, write_cell_curves
 from kernel_attention.study.report import read_csv
 
 __all__ = ["import_runs"]
@@ -62,16 +65,21 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
             counts["other_config"] += 1
             continue
         todo.append((cell, rec))
+    curves = read_curves(path.with_name(CURVES_CSV)) if path.with_name(CURVES_CSV).is_file() else {}
     for cell, rec in todo:
         d = dir_of(cell)
         if (d / "result.json").is_file():
             counts["already_finished"] += 1
+            if cell.id in curves and not cell_log(d, {}):  # imported before its curves were published
+                write_cell_curves(d, curves[cell.id])
             continue
         d.mkdir(parents=True, exist_ok=True)
         rec.pop("study", None)
         rec.setdefault("error", None)
         rec["tags"] = cell.tags  # not in the CSV; the grid's cell has them (e.g. the p of a sweep cell)
         rec["imported_from"] = str(path)
+        if cell.id in curves:
+            write_cell_curves(d, curves[cell.id])
         write_text(d / "result.json", json.dumps(rec, indent=1))
         counts["imported"] += 1
     return counts

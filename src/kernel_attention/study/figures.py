@@ -15,7 +15,8 @@ Where a curve comes from: the cell folder ``dir_of(cell)`` (``OUT/<study>/cells/
 :mod:`.runner`) holds the run's ``metrics.jsonl`` (:mod:`kernel_attention.training.loop`): its ``"train"``
 records give the training loss, its ``"valid"`` records the table's metric (``TableSpec.metric``), both at
 their ``step`` (optimiser updates).  A cell carried over from a twin (:mod:`.twins`: its record's
-``same_config_as``) draws the twin's log, the same run; one imported without its folder has no curve.  A cell with
+``same_config_as``) draws the twin's log, the same run; one imported from a ``runs.csv`` draws the rows of the
+``curves.csv`` beside it (:mod:`.curves`), and has no curve without one.  A cell with
 no record among ``results`` (still training, or run with another configuration) is not drawn, as the table leaves
 it out.
 """
@@ -34,8 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from kernel_attention.study.twins import twin_dir  # noqa: E402
-from kernel_attention.training.run_log import read_metrics  # noqa: E402
+from kernel_attention.study.curves import cell_log  # noqa: E402
 
 __all__ = ["training_curves", "training_curves_figure", "attention_heatmaps", "attention_heatmaps_figure",
            "similarity_magnitude", "similarity_magnitude_figure", "p_histograms", "metric_name", "STEP_LABEL"]
@@ -159,7 +159,7 @@ def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict
                 if c.id not in by_id:
                     continue
                 res = by_id[c.id]
-                records = read_metrics(dir_of(c)) or read_metrics(twin_dir(dir_of(c), res))
+                records = cell_log(dir_of(c), res)
                 factor = table.scale_factor
                 if table.scaled_units:
                     if _finite(res.get("unit_factor")):
