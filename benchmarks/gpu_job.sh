@@ -38,22 +38,13 @@ echo "== $(date -u +%H:%M:%S) machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 
-# pytest-xdist, where present, spreads the tests (and the compilation of their kernels) over 8 processes; -v names
-# each test as it finishes, so a step cut short by its limit still says which tests failed
+# pytest-xdist, where present, spreads the tests (and the compilation of their kernels) over 8 processes
+# (benchmarks/cuda_tests.sh, which names each test as it finishes, so a step cut short still says which failed)
 if ! $PY -c "import xdist" 2>/dev/null && [ -d .gpu_wheels ]; then
     $PY -m pip install -q --no-index --no-deps --find-links .gpu_wheels pytest-xdist execnet || true
 fi
-XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
-echo "pytest-xdist: ${XDIST:-absent, the tests run in one process}"
-TESTS="-v -rfE --tb=short -p no:cacheprovider $XDIST"
-
-echo "== $(date -u +%H:%M:%S) CUDA tests: the triton backend compiled (limit 160 s)"
-timeout 160 $PY -m pytest $TESTS -m triton tests/backends/test_triton.py > "$WORK/tests_triton.log" 2>&1
-grep -E "FAILED|ERROR|passed|failed" "$WORK/tests_triton.log" | tail -n 30; pack
-
-echo "== $(date -u +%H:%M:%S) CUDA tests: every backend on the device (limit 185 s)"
-timeout 185 $PY -m pytest $TESTS -m gpu > "$WORK/tests_gpu.log" 2>&1
-grep -E "FAILED|ERROR|passed|failed" "$WORK/tests_gpu.log" | tail -n 30; pack
+bash benchmarks/cuda_tests.sh triton "$WORK/tests_triton.log" 160; pack
+bash benchmarks/cuda_tests.sh gpu "$WORK/tests_gpu.log" 185; pack
 
 echo "== $(date -u +%H:%M:%S) attention benchmark: exp x none, shaw, xl x full, causal (limit 60 s)"
 timeout 60 $PY benchmarks/attention.py --device cuda --dtype bfloat16 --T $T --kernels exp \

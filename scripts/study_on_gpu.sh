@@ -17,7 +17,7 @@
 # their --seeds.  The cells of a published set (docs/results/<study>-<scale>/runs.csv) are carried in first, so they
 # are not trained again; IMPORT=0 leaves them out, to train published cells again (a result since found stale).
 #
-# TESTS=1 also runs the CUDA tests beside the cells (as benchmarks/gpu_job.sh does, 200 s a step, 6 processes:
+# TESTS=1 also runs the CUDA tests beside the cells (benchmarks/cuda_tests.sh, 200 s a step, 6 processes:
 # tests/backends/test_triton.py marked triton, then those marked gpu; logs tests_triton.log and tests_gpu.log under
 # $OUT), so that one lease both checks the code on the device and trains; the cells then take longer.
 #
@@ -73,13 +73,8 @@ for set in "${SETS[@]}"; do
     done
 done
 if [ "${TESTS:-0}" = 1 ]; then
-    XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 6" || true)
-    for step in "triton tests/backends/test_triton.py" "gpu"; do
-        read -r mark path <<< "$step"
-        echo "== $(date -u +%H:%M:%S) CUDA tests marked $mark (limit 200 s)"
-        (cd "$ROOT" && env -u TRITON_INTERPRET timeout 200 $PY -m pytest -v -rfE --tb=short -p no:cacheprovider $XDIST \
-            -m "$mark" $path > "$OUT/tests_$mark.log" 2>&1)
-        grep -E "FAILED|ERROR|[0-9]+ (passed|failed|skipped)" "$OUT/tests_$mark.log" | tail -n 30
+    for step in triton gpu; do
+        PYTHON=$PY bash "$ROOT/benchmarks/cuda_tests.sh" $step "$OUT/tests_$step.log" 200 6
     done
 fi
 wait "${pids[@]}"

@@ -65,7 +65,8 @@ def import_runs(path: str | Path, study: Study, cells: list[Cell], scale: str, d
             counts["other_config"] += 1
             continue
         todo.append((cell, rec))
-    curves = read_curves(path.with_name(CURVES_CSV)) if path.with_name(CURVES_CSV).is_file() else {}
+    beside = path.with_name(CURVES_CSV)
+    curves = read_curves(beside) if beside.is_file() else {}
     for cell, rec in todo:
         d = dir_of(cell)
         if (d / "result.json").is_file():
