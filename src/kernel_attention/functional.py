@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import warnings
 
 import torch
 from torch import Tensor
@@ -37,6 +38,7 @@ _MASKS: dict = {}
 _CACHE_ENTRIES = 64
 _MASK_ENTRIES = 16
 _MASK_ELEMENTS = 1 << 22
+_WARNED: set = set()  # the compile failures warned of
 
 
 def _from_spec(kind: str, spec, make, keep=lambda obj: True):
@@ -251,8 +253,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         backend: ``"auto"`` (default) walks the named backends in order (``sdpa``, ``triton``, ``flex``,
             ``banded``, ``squared``, ``blockwise``, ``linear``, ``dense``) and takes the first that runs the call; a
             name (or a spec such as ``"blockwise:block=4096"``) forces one and raises
-            :class:`~kernel_attention.backends.BackendError` if it cannot run the call.  See
-            :func:`explain` for why each backend was or was not chosen.
+            :class:`~kernel_attention.backends.BackendError` if it cannot run the call
+            (:class:`~kernel_attention.backends.KernelCompileError` if its kernels fail to compile for it, where
+            ``auto`` warns and runs the call on the next backend).  See :func:`explain` for why each backend was
+            or was not chosen.
 
     Returns:
         (B, H, Tq, Dv), or ``(output, weights)`` when ``need_weights``.  A query whose filtered set is
@@ -275,15 +279,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         terms = terms.to(dt) if terms is not None else None
     problem = build_problem(q, k, v, kern, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights, enable_gqa=enable_gqa)
-    from kernel_attention.backends import choose
-
-    run = choose(problem, backend, explain=False).backend.run
     pools = key_mask is not None and pools_keys(problem.kernel)
     if pools:  # the backends call log_kernel(q, k) and its relatives, which pool over keys, without the mask
         problem.kernel.pool_key_mask = key_mask
     try:
         with torch.autocast(q.device.type, enabled=False) if wide else contextlib.nullcontext():
-            out, weights = run(problem)
+            out, weights = _run(problem, backend)
     finally:
         if pools:
             problem.kernel.pool_key_mask = None
@@ -291,6 +292,27 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         out = out.to(out_dtype)
         weights = weights.to(out_dtype) if weights is not None else None
     return (out, weights) if need_weights else out
+
+
+def _run(problem, backend) -> tuple:
+    """(out, weights) of ``problem`` on ``backend``; under ``auto``, a chosen backend whose kernels fail to compile
+    for it (:class:`~kernel_attention.backends.KernelCompileError`) is passed over for the next one, with a warning
+    at the first such call."""
+    from kernel_attention.backends import AUTO, KernelCompileError, choose
+
+    choice = choose(problem, backend, explain=False)
+    try:
+        return choice.backend.run(problem)
+    except KernelCompileError as e:
+        if backend != AUTO:
+            raise KernelCompileError(f"{e}; backend='auto' runs such a call on another backend") from e
+        why = str(e)
+        then = choose(problem, backend, explain=False, skip={choice.name: why})
+        if why not in _WARNED:
+            _WARNED.add(why)
+            warnings.warn(f"{why}; backend='auto' runs such calls on {then.name!r} instead", RuntimeWarning,
+                          stacklevel=3)
+        return then.backend.run(problem)
 
 
 def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,

@@ -18,6 +18,11 @@ A backend declines a call it supports where a measured policy says a later one i
 (:mod:`~kernel_attention.backends.policy`).  While ``torch.compile`` traces, backends that cannot be traced
 are passed over.  A backend asked for by name that cannot run the call raises :class:`BackendError` with
 its reason; its policy is not consulted.
+
+A backend chosen by ``auto`` whose kernels then fail to compile for the call (``triton`` under a Triton release
+that cannot compile them: :class:`KernelCompileError`, raised before the forward runs) is passed over for that
+call and every later one of its specialisation: :func:`~kernel_attention.attention` runs them on the next
+backend and warns once, naming Triton's error.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from kernel_attention.backends.base import BACKENDS, Backend, Problem
 from kernel_attention.registry import SpecError
 
-__all__ = ["BackendError", "Choice", "choose", "resolve_backend", "ORDER", "AUTO"]
+__all__ = ["BackendError", "KernelCompileError", "Choice", "choose", "resolve_backend", "ORDER", "AUTO"]
 
 AUTO = "auto"
 
@@ -40,6 +45,12 @@ ORDER = ("sdpa", "triton", "flex", "banded", "squared", "blockwise", "linear", "
 
 class BackendError(ValueError):
     """A backend was asked for by name but cannot run this combination."""
+
+
+class KernelCompileError(RuntimeError):
+    """A backend's kernels failed to compile for a call (Triton's compiler, for ``triton``).  Under ``auto``,
+    :func:`~kernel_attention.attention` then runs the call on the next backend with a warning; a backend asked
+    for by name raises it."""
 
 
 @dataclasses.dataclass
@@ -82,11 +93,12 @@ def _pass_over(b: Backend, p: Problem, compiling: bool) -> str | None:
     return None if why is None else "declined: " + why
 
 
-def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
+def choose(p: Problem, backend=AUTO, explain: bool = True, skip: dict | None = None) -> Choice:
     """The backend for problem ``p``: ``backend`` is ``"auto"`` or a backend spec.  With
     ``explain=False`` (what :func:`~kernel_attention.attention` uses) the walk stops at the chosen backend
     and no description is formed: the choice is the same, the reasons are
-    :func:`~kernel_attention.explain`'s."""
+    :func:`~kernel_attention.explain`'s.  ``skip`` maps backends that ``auto`` passes over to why (a backend whose
+    kernels failed to compile for ``p``)."""
     if backend != AUTO:
         if isinstance(backend, str) and backend.split(":")[0] not in ORDER:
             raise SpecError(f"unknown backend {backend!r}; accepted: auto, {', '.join(ORDER)}")
@@ -111,7 +123,7 @@ def choose(p: Problem, backend=AUTO, explain: bool = True) -> Choice:
             reasons[name] = (f"after {chosen.name}, which runs the call; this one could too" if why is None
                              else f"after {chosen.name}, which runs the call; this one: {why}")
             continue
-        why = _pass_over(b, p, compiling)
+        why = skip[name] if skip and name in skip else _pass_over(b, p, compiling)
         if why is None:
             chosen = b
             reasons[name] = "chosen" + (": " + b.describe(p) if explain else "")

@@ -51,22 +51,25 @@ class Launch:
 
 
 class _Recorder:
-    """Stands for a kernel module: ``module.kernel[grid](*args, **kwargs)`` records the launch."""
+    """Stands for a kernel module: ``module.kernel[grid](*args, **kwargs)`` records the launch in ``launches``,
+    ``module.kernel.warmup(*args, grid=grid, **kwargs)`` (a compilation without a launch) in ``warmups``."""
 
-    def __init__(self, module: str, launches: list):
-        self.module, self.launches = module, launches
+    def __init__(self, module: str, launches: list, warmups: list):
+        self.module, self.launches, self.warmups = module, launches, warmups
 
     def __getattr__(self, kernel: str):
-        record = lambda *args, **kwargs: self.launches.append(Launch(self.module, kernel, args, kwargs))
-        return _Grid(record)
+        return _Grid(self.module, kernel, self.launches, self.warmups)
 
 
 class _Grid:
-    def __init__(self, record):
-        self.record = record
+    def __init__(self, module: str, kernel: str, launches: list, warmups: list):
+        self.module, self.__name__, self.launches, self.warmups = module, kernel, launches, warmups
 
     def __getitem__(self, grid):
-        return self.record
+        return lambda *args, **kwargs: self.launches.append(Launch(self.module, self.__name__, args, kwargs))
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append(Launch(self.module, self.__name__, args, kwargs))
 
 
 @contextlib.contextmanager
@@ -107,14 +110,17 @@ def backend_call(kernel: str, position: str = "none", filt=None, value: str = "n
     return call
 
 
-def record_launches(call) -> list[Launch]:
+def record_launches(call, warmups: list | None = None) -> list[Launch]:
     """The launches that ``call()``, a call on the triton backend with CPU tensors, makes (forward, then backward
-    where it differentiates), none of them run: outputs are left unwritten, and the input checks are off."""
+    where it differentiates), none of them run: outputs are left unwritten, and the input checks are off.  The
+    launches its compile check compiles without running them (:func:`~kernel_attention.backends.triton_support.
+    compile_check`, the first call of a specialisation) go to ``warmups``."""
     from kernel_attention.backends import triton_flash, triton_squared
     from kernel_attention.functional import validation
 
     launches: list = []
-    recorder = lambda module: _Recorder(module, launches)
+    warmups = [] if warmups is None else warmups
+    recorder = lambda module: _Recorder(module, launches, warmups)
     saved = triton_flash.kernels, triton_squared.kernels
     triton_flash.kernels = triton_squared.kernels = recorder
     try:

@@ -53,8 +53,8 @@ from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.backends.triton_filters import FIXED, STRIDED, TileFilter, tile_filter
 from kernel_attention.backends.triton_squared import triton_squared_smoother
-from kernel_attention.backends.triton_support import (cdiv, direct, eager_function, kernels, pow2, shaw_terms,
-                                                      triton_why_not)
+from kernel_attention.backends.triton_support import (cdiv, compile_check, compile_failures, direct, eager_function,
+                                                      kernels, launch, pow2, shaw_terms, signature, triton_why_not)
 
 __all__ = ["TritonBackend", "triton_smoother", "flash_forward", "flash_backward", "filter_mask", "auto_declines"]
 
@@ -121,7 +121,7 @@ def _flash_forward(q: Tensor, k: Tensor, v: Tensor, kb: Optional[Tensor], km: Op
     out = torch.empty(b, h, tq, v.shape[-1], dtype=v.dtype, device=v.device)
     lse = torch.empty(b, h, tq, dtype=torch.float32, device=q.device)
     hv = torch.empty(b, h, tq, 2 * c + 1 if value else 0, dtype=torch.float32, device=q.device)
-    kernels("triton_kernels").flash_forward[(cdiv(tq, block), b * h)](
+    launch(kernels("triton_kernels").flash_forward, (cdiv(tq, block), b * h))(
         q, k, v, _or(kb, q), _or(km, q), _or(shaw, q), _or(qv, q), _or(table, q), _or(bias, q), out, lse,
         _or(_none_if_empty(hv), lse), **cfg.launch(q, v, kb, km, shaw, qv, table, bias))
     return out, lse, hv
@@ -169,8 +169,8 @@ def _flash_backward(gout: Tensor, ghv: Optional[Tensor], q: Tensor, k: Tensor, v
     dqv = torch.empty_like(qv) if qv is not None else empty.clone()
     dtable = torch.zeros(table.shape, dtype=torch.float32, device=q.device) if table is not None else empty.clone()
     ds = torch.zeros(b, h, tq, tk, dtype=torch.float32, device=q.device) if bias_grad else None
-    kern.flash_backward_kv[(cdiv(tk, block), b * h)](*ptrs, dk, dv, _or(_none_if_empty(dkb), lse), **args)
-    kern.flash_backward_q[(cdiv(tq, block), b * h)](
+    launch(kern.flash_backward_kv, (cdiv(tk, block), b * h))(*ptrs, dk, dv, _or(_none_if_empty(dkb), lse), **args)
+    launch(kern.flash_backward_q, (cdiv(tq, block), b * h))(
         *ptrs, dq, _or(_none_if_empty(dshaw), lse), _or(_none_if_empty(dqv), q), _or(_none_if_empty(dtable), lse),
         _or(ds, lse), HAS_DBIAS=bias_grad, **args)
     if groups > 1:
@@ -212,6 +212,17 @@ def _backward(ctx, gout, glse, ghv):
 
 flash_forward.register_autograd(_backward, setup_context=_setup_context)
 _Flash = eager_function("_Flash", _flash_forward, _setup_context, _backward)
+
+
+def _warm(args: tuple, grad: bool) -> None:
+    """The launches of a call of :func:`flash_forward` on ``args``, and with ``grad`` of its backward, for
+    :func:`~kernel_attention.backends.triton_support.compile_check` (compiled, not run)."""
+    out, lse, hv = _flash_forward(*args)
+    if grad:
+        q, k, v, kb, km, shaw, qv, table, bias, *params = args
+        ghv = torch.empty_like(hv) if hv.numel() else None
+        _flash_backward(torch.empty_like(out), ghv, q, k, v, kb, km, shaw, qv, table, bias, out, lse, hv, *params,
+                        bias is not None and bias.requires_grad)
 
 
 def _block(p: Problem, block: int | None) -> int:
@@ -259,7 +270,15 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
     args = (qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), v.contiguous(), kb, km, shaw, qv, table, bias,
             tf.args(), float(scale), c, soff, xbase, values is not None, _block(p, block))
-    out, _, hv = (_Flash.apply if direct(*args) else flash_forward)(*args)
+    if direct(*args):
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
+        # the scale is a runtime scalar: out of the key; grouped heads and the bias's gradient change the launches
+        key = ("flash", grad, p.q.device, groups > 1, bias is not None and bias.requires_grad,
+               *signature(*args[:10], *args[11:]))
+        compile_check(key, lambda: _warm(args, grad))
+        out, _, hv = _Flash.apply(*args)
+    else:
+        out, _, hv = flash_forward(*args)
     if values is not None:  # sum_j P_ij a^V[idx_ij] = Hv_i a^V
         out = out + torch.matmul(hv.to(dtype), values.to(dtype))
     return out
@@ -364,7 +383,11 @@ class TritonBackend(Backend):
             parts.append("a float mask or bias read per tile")
         if p.kv_groups > 1 and not has_squared_form(p.kernel) and not per_head_key_features(p):
             parts.append("on the grouped key/value heads")
-        return ", ".join(parts) + "; " + _describe_filter(*tile_filter(p))
+        failed = compile_failures()
+        note = (f"; Triton failed to compile {len(failed)} of its kernels' specialisations in this process "
+                f"({failed[0]}{', ...' if len(failed) > 1 else ''}): attention() runs calls of those on the next "
+                f"backend" if failed else "")
+        return ", ".join(parts) + "; " + _describe_filter(*tile_filter(p)) + note
 
     def run(self, p: Problem):
         return triton_smoother(p, self.key_bias, self.block), None

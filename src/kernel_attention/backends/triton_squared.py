@@ -37,7 +37,8 @@ from torch import Tensor
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.triton_filters import TileFilter, kept_key_log
-from kernel_attention.backends.triton_support import cdiv, direct, eager_function, kernels, pow2
+from kernel_attention.backends.triton_support import (cdiv, compile_check, direct, eager_function, kernels, launch,
+                                                      pow2, signature)
 
 __all__ = ["squared_forward", "squared_backward", "triton_squared_smoother", "magnitude_keep_mask"]
 
@@ -63,7 +64,7 @@ def _squared_forward(fq: Tensor, fk: Tensor, vw: Tensor, v1: Optional[Tensor], k
     b, h, tq, _ = fq.shape
     width = vw.shape[-1] * (2 if drop > 0 else 1)
     n = torch.empty(b, h, tq, width, dtype=torch.float32, device=fq.device)
-    kernels("triton_squared_kernels").squared_forward[(cdiv(tq, block), b * h)](
+    launch(kernels("triton_squared_kernels").squared_forward, (cdiv(tq, block), b * h))(
         fq, fk, vw, vw if v1 is None else v1, fq if km is None else km, n,
         **_launch(fq, fk, vw, km, filt, eps, drop, seed, block))
     return n
@@ -92,12 +93,12 @@ def _squared_backward(dn: Tensor, fq: Tensor, fk: Tensor, vw: Tensor, v1: Option
     dfq, dfk, dvw = torch.empty_like(fq), torch.empty_like(fk), torch.empty_like(vw)
     dv1 = fq.new_empty(0) if v1 is None else torch.empty_like(v1)
     v1p = vw if v1 is None else v1
-    kern.squared_backward_kv[(cdiv(tk, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfk, dvw,
-                                                        dvw if v1 is None else dv1, **args)
+    launch(kern.squared_backward_kv, (cdiv(tk, block), b * h))(fq, fk, vw, v1p, kmp, dn, dfk, dvw,
+                                                              dvw if v1 is None else dv1, **args)
     # 4 warps at 64-row tiles: with 8, this kernel spills more (magnitude dropout), the other two less
     # (docs/benchmarks-gpu-triton.md, "Compiled for sm_90")
-    kern.squared_backward_q[(cdiv(tq, block), b * h)](fq, fk, vw, v1p, kmp, dn, dfq,
-                                                       **{**args, "num_warps": 8 if block > 64 else 4})
+    launch(kern.squared_backward_q, (cdiv(tq, block), b * h))(fq, fk, vw, v1p, kmp, dn, dfq,
+                                                             **{**args, "num_warps": 8 if block > 64 else 4})
     return dfq, dfk, dvw, dv1
 
 
@@ -128,6 +129,14 @@ squared_forward.register_autograd(_backward, setup_context=_setup_context)
 _Squared = eager_function("_Squared", _squared_forward, _setup_context, _backward)
 
 
+def _warm(args: tuple, grad: bool) -> None:
+    """The launches of a call of :func:`squared_forward` on ``args``, and with ``grad`` of its backward, for
+    :func:`~kernel_attention.backends.triton_support.compile_check` (compiled, not run)."""
+    n = _squared_forward(*args)
+    if grad:
+        _squared_backward(torch.empty_like(n), *args)
+
+
 def _ratio(n: Tensor) -> Tensor:
     """n[..., :-1] / n[..., -1:], 0 for a row with no key (its numerator is 0 too; dividing by 1 there keeps the
     gradient finite)."""
@@ -156,7 +165,14 @@ def triton_squared_smoother(p: Problem, tf: TileFilter, km: Tensor | None, block
             raise ValueError("SquaredForm with drop > 0 needs query_log: the dropped pairs lose the query's factor")
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1).expand(b, h, tk, v.shape[-1] + 1).contiguous()
     args = (fq, fk, vw, v1, km, tf.args(), float(form.eps), float(form.drop), int(form.seed), block)
-    n = (_Squared.apply if direct(*args) else squared_forward)(*args)
+    if direct(*args):
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
+        # the seed changes every call and is not specialised on: out of the key
+        key = ("squared", grad, fq.device, *signature(*args[:6]), form.drop > 0, block)
+        compile_check(key, lambda: _warm(args, grad))
+        n = _Squared.apply(*args)
+    else:
+        n = squared_forward(*args)
     if not form.drop:
         return _ratio(n).to(v.dtype)
     # the kept pairs' share against the dropped pairs' per row, as squared.squared_smoother combines them

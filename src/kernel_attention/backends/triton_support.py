@@ -16,19 +16,21 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from kernel_attention.backends.base import Problem
+from kernel_attention.backends.dispatch import KernelCompileError
 from kernel_attention.backends.squared import MAX_SPREAD, key_spread
 from kernel_attention.backends.triton_filters import TileFilter, kept_key_log, tile_filter
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.positions.difference_index import DifferenceIndex
 
-__all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2", "cdiv", "direct",
-           "eager_function"]
+__all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2",
+           "cdiv", "direct", "eager_function", "launch", "signature", "compile_check", "compile_failures"]
 
 #: whether triton can be imported (found without importing it: TRITON_INTERPRET must be set before that)
 INSTALLED = importlib.util.find_spec("triton") is not None
@@ -91,6 +93,62 @@ def eager_function(name: str, forward, setup_context, backward) -> type:
     # once_differentiable: a second derivative is refused, as the operators (no formula for the backward) refuse it
     body = {"forward": staticmethod(run), "backward": staticmethod(once_differentiable(backward))}
     return type(name, (torch.autograd.Function,), body)
+
+
+#: the kernels' specialisations checked so far: key -> None (compiled) or Triton's error, in one line
+_checked: dict = {}
+_warming = threading.local()
+
+
+def launch(kernel, grid):
+    """``kernel[grid]``; inside :func:`compile_check`'s warm-up, a call that compiles ``kernel`` for the arguments
+    it is given and loads it onto the device without running it (Triton's ``warmup``)."""
+    if getattr(_warming, "on", False):
+        def warm(*args, **kwargs):
+            _warming.kernel = getattr(kernel, "__name__", "?")
+            compiled = kernel.warmup(*args, grid=grid, **kwargs)
+            # loading it onto the device checks its shared memory and threads against the device's (OutOfResources),
+            # which Triton otherwise does at the first launch
+            getattr(compiled, "_init_handles", lambda: None)()
+        return warm
+    return kernel[grid]
+
+
+def signature(*parts) -> tuple:
+    """What of a call's arguments (on one device) decides the code its kernels compile to: a tensor's dtype, rank
+    and last dimension (the tile widths), None, and the scalars as given (lists as tuples)."""
+    return tuple((x.dtype, x.dim(), x.shape[-1]) if isinstance(x, Tensor) else
+                 tuple(x) if isinstance(x, list) else x for x in parts)
+
+
+def compile_check(key: tuple, warm) -> None:
+    """Compile, without running them, the kernels of a call the first time its specialisation ``key`` is seen:
+    ``warm()`` makes the call's launches (forward, and backward where it will differentiate) with :func:`launch`
+    compiling instead of running.  Raises :class:`KernelCompileError` with Triton's message where one fails, at
+    once for that key on later calls.  A call whose kernels fail here, before its forward runs, can still run on
+    another backend; one whose backward failed at its first launch could not."""
+    if key not in _checked:
+        _warming.on, _warming.kernel = True, None
+        try:
+            warm()
+            _checked[key] = None
+        except Exception as e:  # noqa: BLE001 - a warm-up only compiles: any error is Triton's compiler's
+            lines = [x for x in str(e).splitlines() if x.strip()]
+            where = f"{_warming.kernel}: " if _warming.kernel else ""
+            _checked[key] = f"{where}{type(e).__name__}: {lines[-1] if lines else ''}".strip()
+        finally:
+            _warming.on = False
+    why = _checked[key]
+    if why is not None:
+        import triton
+
+        raise KernelCompileError(f"Triton {triton.__version__} failed to compile the triton backend's kernels for "
+                                 f"this call ({why})")
+
+
+def compile_failures() -> list[str]:
+    """Triton's errors for the kernel specialisations that failed to compile in this process."""
+    return [why for why in _checked.values() if why is not None]
 
 
 def _shaw_band(index, tq: int, tk: int, width: int) -> tuple[int, int] | None:
