@@ -281,6 +281,25 @@ def test_tiles_the_pattern_never_keeps_are_not_read(tiles_of_16):
     torch.testing.assert_close(grads[0][:, :, 32:], grads_ref[0][:, :, 32:], atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("kernel,position,value", [("rbf", "shaw:clip=3", "relative"), ("exp", "xl", "none"),
+                                                   ("ikan-direct:magnitude_dropout=0.1", "none", "none")])
+def test_compile_check_compiles_each_specialisation_once(kernel, position, value, monkeypatch):
+    """The first call of a specialisation compiles its kernels (forward, and the backward's where it
+    differentiates) before the forward runs: on CUDA, compiled and loaded for the device with the installed Triton
+    (none fails), and the call then matches dense; a second call with other inputs of the same specialisation is
+    not checked again (tests/backends/test_triton_compile_check.py has what it compiles and what a failure does)."""
+    from kernel_attention.backends import triton_support
+
+    monkeypatch.setattr(triton_support, "_checked", {})
+    train = "dropout" in kernel
+    _close(_run("triton", kernel, position, "causal", value=value, train=train),
+           _run("dense", kernel, position, "causal", value=value, train=train) if not train else
+           _run("triton", kernel, position, "causal", value=value, train=train))
+    assert list(triton_support._checked.values()) == [None]
+    _run("triton", kernel, position, "causal", tq=20, tk=20, value=value, train=train)
+    assert len(triton_support._checked) == 1
+
+
 @pytest.mark.parametrize("position,filt,tq,tk", [("shaw:clip=3", None, 33, 33), ("shaw:clip=3", "causal", 7, 40),
                                                  ("shaw:clip=20", "strided:stride=4", 33, 33)])
 def test_shaw_value_table(position, filt, tq, tk):

@@ -272,9 +272,12 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
             tf.args(), float(scale), c, soff, xbase, values is not None, _block(p, block))
     if direct(*args):
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
-        # the scale is a runtime scalar: out of the key; grouped heads and the bias's gradient change the launches
-        key = ("flash", grad, p.q.device, groups > 1, bias is not None and bias.requires_grad,
-               *signature(*args[:10], *args[11:]))
+        # what the kernels are specialised on: the tensors, the widths of q, v and Transformer-XL's q side, the
+        # filter's kind and sparse pattern, Shaw's clip, the value table, the tiles (the offsets, the scale and the
+        # lengths are runtime scalars); grouped heads and the bias's gradient change the backward's launches
+        widths = args[0].shape[-1], args[2].shape[-1], None if qv is None else qv.shape[-1]
+        key = ("flash", grad, p.q.device, groups > 1, bias is not None and bias.requires_grad, *signature(*args[:9]),
+               *widths, tf.banded, tf.pattern, c, values is not None, args[-1])
         compile_check(key, lambda: _warm(args, grad))
         out, _, hv = _Flash.apply(*args)
     else:

@@ -167,8 +167,11 @@ def triton_squared_smoother(p: Problem, tf: TileFilter, km: Tensor | None, block
     args = (fq, fk, vw, v1, km, tf.args(), float(form.eps), float(form.drop), int(form.seed), block)
     if direct(*args):
         grad = torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
-        # the seed changes every call and is not specialised on: out of the key
-        key = ("squared", grad, fq.device, *signature(*args[:6]), form.drop > 0, block)
+        # what the kernels are specialised on: the tensors, the widths of the features and values, the filter's
+        # kind and sparse pattern, dropout or not, the tiles (the offsets, eps, the seed and the lengths are
+        # runtime scalars)
+        key = ("squared", grad, fq.device, *signature(*args[:5]), fq.shape[-1], vw.shape[-1], tf.banded, tf.pattern,
+               form.drop > 0, block)
         compile_check(key, lambda: _warm(args, grad))
         n = _Squared.apply(*args)
     else:

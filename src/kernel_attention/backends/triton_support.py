@@ -115,10 +115,9 @@ def launch(kernel, grid):
 
 
 def signature(*parts) -> tuple:
-    """What of a call's arguments (on one device) decides the code its kernels compile to: a tensor's dtype, rank
-    and last dimension (the tile widths), None, and the scalars as given (lists as tuples)."""
-    return tuple((x.dtype, x.dim(), x.shape[-1]) if isinstance(x, Tensor) else
-                 tuple(x) if isinstance(x, list) else x for x in parts)
+    """What of a call's tensors (on one device) decides the code its kernels compile to besides the widths of
+    their tiles: each one's dtype and rank, or None."""
+    return tuple(None if x is None else (x.dtype, x.dim()) for x in parts)
 
 
 def compile_check(key: tuple, warm) -> None:
