@@ -136,3 +136,19 @@ def test_backend_by_name_raises(monkeypatch):
         record_launches(call)
     with torch.no_grad():  # the forward compiles: a call without gradients runs
         assert [x.kernel for x in record_launches(call)] == ["flash_forward"]
+
+
+def test_out_of_memory_in_the_check_is_not_a_compile_failure(monkeypatch):
+    """Memory runs out while the check allocates its stand-in outputs: the error is the caller's, and the
+    specialisation is checked again at the next call."""
+    warmup = _Grid.warmup
+
+    def oom(self, *args, grid, **kwargs):
+        raise torch.OutOfMemoryError("out of memory")
+    monkeypatch.setattr(_Grid, "warmup", oom)
+    call = backend_call("exp", "shaw", "causal", t=T, d=D, block=16, dtype=torch.float32)
+    with pytest.raises(torch.OutOfMemoryError):
+        record_launches(call)
+    assert triton_support._checked == {}
+    monkeypatch.setattr(_Grid, "warmup", warmup)
+    assert len(record_launches(call)) == 3 and list(triton_support._checked.values()) == [None]
