@@ -1,6 +1,6 @@
 r"""Whether the ``triton`` backend runs a call, and what its two paths (the flash kernels,
 :mod:`~kernel_attention.backends.triton_flash`, and the squared form, :mod:`~kernel_attention.backends.triton_squared`)
-share: loading their kernel modules, compiled or interpreted, and the tile sizes of a launch.
+share: loading their kernel modules, compiled or interpreted, the tile sizes of a launch, and the compile check.
 
 :func:`triton_why_not` is the backend's ``supports``: Triton installed; CUDA tensors, or CPU tensors under
 Triton's interpreter (``TRITON_INTERPRET=1`` set before the kernels are first loaded, for tests); no weights
@@ -8,6 +8,11 @@ asked for and no dropout on them; a filter the kernels compute per tile
 (:func:`~kernel_attention.backends.triton_filters.tile_filter`); then either an exp-family kernel on its SDPA
 features with Shaw's clipped tables (:func:`shaw_terms`), Transformer-XL's term and a float bias, or an implicit
 kernel in squared form (:func:`squared_why_not`) without positional terms.
+
+:func:`compile_check` compiles the kernels of an eager call's specialisation before its forward runs, the
+backward's with them, so that a Triton release that cannot compile them (Triton 3.6 rejected code that 3.9
+compiles) raises :class:`~kernel_attention.backends.KernelCompileError` while ``auto`` can still run the call on
+another backend, rather than Triton's error in the middle of a backward pass.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from kernel_attention.backends.triton_filters import TileFilter, kept_key_log, t
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.positions.difference_index import DifferenceIndex
 
-__all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2",
-           "cdiv", "direct", "eager_function", "launch", "signature", "compile_check", "compile_failures"]
+__all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2", "cdiv", "direct",
+           "eager_function", "launch", "signature", "compile_check", "compile_failures"]
 
 #: whether triton can be imported (found without importing it: TRITON_INTERPRET must be set before that)
 INSTALLED = importlib.util.find_spec("triton") is not None
