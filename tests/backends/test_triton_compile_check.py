@@ -152,3 +152,14 @@ def test_out_of_memory_in_the_check_is_not_a_compile_failure(monkeypatch):
     assert triton_support._checked == {}
     monkeypatch.setattr(_Grid, "warmup", warmup)
     assert len(record_launches(call)) == 3 and list(triton_support._checked.values()) == [None]
+
+
+def test_recording_works_where_the_kernels_were_loaded_compiled(monkeypatch):
+    """On a GPU machine's test run the kernel modules are loaded compiled, which refuses CPU tensors; recorded
+    launches run nothing, so recording ignores that, and the refusal holds again after it."""
+    monkeypatch.setattr(triton_support, "_loaded_interpreted", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    call = backend_call("exp", "xl", "causal", t=T, d=D, block=16, dtype=torch.float32)
+    assert len(record_launches(call)) == 3
+    with pytest.raises(ka.backends.BackendError, match="loaded compiled"):
+        call()

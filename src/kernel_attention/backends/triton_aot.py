@@ -115,19 +115,21 @@ def record_launches(call, warmups: list | None = None) -> list[Launch]:
     where it differentiates), none of them run: outputs are left unwritten, and the input checks are off.  The
     launches its compile check compiles without running them (:func:`~kernel_attention.backends.triton_support.
     compile_check`, the first call of a specialisation) go to ``warmups``."""
-    from kernel_attention.backends import triton_flash, triton_squared
+    from kernel_attention.backends import triton_flash, triton_squared, triton_support
     from kernel_attention.functional import validation
 
     launches: list = []
     warmups = [] if warmups is None else warmups
     recorder = lambda module: _Recorder(module, launches, warmups)
-    saved = triton_flash.kernels, triton_squared.kernels
+    saved = triton_flash.kernels, triton_squared.kernels, triton_support._loaded_interpreted
     triton_flash.kernels = triton_squared.kernels = recorder
+    # the kernels are recorded, not run: whether the process loaded them compiled (on a GPU) does not matter
+    triton_support._loaded_interpreted = lambda: None
     try:
         with _env("TRITON_INTERPRET", "1"), validation(False):  # the backend takes CPU tensors for its interpreter
             call()
     finally:
-        triton_flash.kernels, triton_squared.kernels = saved
+        triton_flash.kernels, triton_squared.kernels, triton_support._loaded_interpreted = saved
     return launches
 
 
