@@ -286,15 +286,17 @@ def test_tiles_the_pattern_never_keeps_are_not_read(tiles_of_16):
 def test_compile_check_compiles_each_specialisation_once(kernel, position, value, monkeypatch):
     """The first call of a specialisation compiles its kernels (forward, and the backward's where it
     differentiates) before the forward runs: on CUDA, compiled and loaded for the device with the installed Triton
-    (none fails), and the call then matches dense; a second call with other inputs of the same specialisation is
-    not checked again (tests/backends/test_triton_compile_check.py has what it compiles and what a failure does)."""
+    (none fails), and the call then matches dense (magnitude dropout draws its own mask:
+    test_magnitude_dropout_matches_dense_with_its_mask); a second call with other lengths of the same
+    specialisation is not checked again (tests/backends/test_triton_compile_check.py has what it compiles and what
+    a failure does)."""
     from kernel_attention.backends import triton_support
 
     monkeypatch.setattr(triton_support, "_checked", {})
     train = "dropout" in kernel
-    _close(_run("triton", kernel, position, "causal", value=value, train=train),
-           _run("dense", kernel, position, "causal", value=value, train=train) if not train else
-           _run("triton", kernel, position, "causal", value=value, train=train))
+    got = _run("triton", kernel, position, "causal", value=value, train=train)
+    if not train:
+        _close(got, _run("dense", kernel, position, "causal", value=value))
     assert list(triton_support._checked.values()) == [None]
     _run("triton", kernel, position, "causal", tq=20, tk=20, value=value, train=train)
     assert len(triton_support._checked) == 1
