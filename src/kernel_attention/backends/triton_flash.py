@@ -53,8 +53,9 @@ from kernel_attention.registry import Param
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.backends.triton_filters import FIXED, STRIDED, TileFilter, tile_filter
 from kernel_attention.backends.triton_squared import triton_squared_smoother
-from kernel_attention.backends.triton_support import (cdiv, compile_check, compile_failures, direct, eager_function,
-                                                      kernels, launch, pow2, shaw_terms, signature, triton_why_not)
+from kernel_attention.backends.triton_support import (cdiv, compile_check, compile_failures, differentiates, direct,
+                                                      eager_function, kernels, launch, pow2, shaw_terms, signature,
+                                                      triton_why_not)
 
 __all__ = ["TritonBackend", "triton_smoother", "flash_forward", "flash_backward", "filter_mask", "auto_declines"]
 
@@ -271,7 +272,7 @@ def triton_smoother(p: Problem, key_bias: str = "mask", block: int | None = None
     args = (qf.to(dtype).contiguous(), kf.to(dtype).contiguous(), v.contiguous(), kb, km, shaw, qv, table, bias,
             tf.args(), float(scale), c, soff, xbase, values is not None, _block(p, block))
     if direct(*args):
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
+        grad = differentiates(args)
         # what the kernels are specialised on: the tensors, the widths of q, v and Transformer-XL's q side, the
         # filter's kind and sparse pattern, Shaw's clip, the value table, the tiles (the offsets, the scale and the
         # lengths are runtime scalars); grouped heads and the bias's gradient change the backward's launches

@@ -37,8 +37,8 @@ from torch import Tensor
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.triton_filters import TileFilter, kept_key_log
-from kernel_attention.backends.triton_support import (cdiv, compile_check, direct, eager_function, kernels, launch,
-                                                      pow2, signature)
+from kernel_attention.backends.triton_support import (cdiv, compile_check, differentiates, direct, eager_function,
+                                                      kernels, launch, pow2, signature)
 
 __all__ = ["squared_forward", "squared_backward", "triton_squared_smoother", "magnitude_keep_mask"]
 
@@ -166,7 +166,7 @@ def triton_squared_smoother(p: Problem, tf: TileFilter, km: Tensor | None, block
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1).expand(b, h, tk, v.shape[-1] + 1).contiguous()
     args = (fq, fk, vw, v1, km, tf.args(), float(form.eps), float(form.drop), int(form.seed), block)
     if direct(*args):
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
+        grad = differentiates(args)
         # what the kernels are specialised on: the tensors, the widths of the features and values, the filter's
         # kind and sparse pattern, dropout or not, the tiles (the offsets, eps, the seed and the lengths are
         # runtime scalars)

@@ -35,7 +35,7 @@ from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
 from kernel_attention.positions.difference_index import DifferenceIndex
 
 __all__ = ["INSTALLED", "triton_why_not", "squared_why_not", "shaw_terms", "kernels", "pow2", "cdiv", "direct",
-           "eager_function", "launch", "signature", "compile_check", "compile_failures"]
+           "eager_function", "launch", "differentiates", "signature", "compile_check", "compile_failures"]
 
 #: whether triton can be imported (found without importing it: TRITON_INTERPRET must be set before that)
 INSTALLED = importlib.util.find_spec("triton") is not None
@@ -117,6 +117,11 @@ def launch(kernel, grid):
             getattr(compiled, "_init_handles", lambda: None)()
         return warm
     return kernel[grid]
+
+
+def differentiates(args: tuple) -> bool:
+    """Whether a call on ``args`` will differentiate: gradients on and some tensor argument requires one."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in args if isinstance(x, Tensor))
 
 
 def signature(*parts) -> tuple:
