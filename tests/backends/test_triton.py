@@ -5,13 +5,13 @@ computed per tile, checked pair by pair against their dense masks; Shaw's value 
 the implicit kernels' squared form (k / sum k) with the gradients of their parameters, and with magnitude dropout
 against dense given the same mask.
 
-Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET=1 is set while this
-module loads them (Triton reads it when a kernel is defined) and during each of its tests, and restored after,
-so that no other test sees ``triton`` as able to run on the CPU.  With CUDA (a lent GPU, ``python -m pytest -q -m
-"gpu or triton"``) the same tests run the compiled kernels on the device.  Skipped where triton is not installed.
+Without CUDA the kernels run under Triton's interpreter on CPU tensors: TRITON_INTERPRET=1 is set while
+tests/backends/conftest.py loads them (Triton reads it when a kernel is defined) and during each of this module's
+tests, and restored after, so that no other test sees ``triton`` as able to run on the CPU.  With CUDA (a lent
+GPU, ``python -m pytest -q -m "gpu or triton"``) the same tests run the compiled kernels on the device.  Skipped
+where triton is not installed.
 """
 
-import importlib
 import os
 
 import pytest
@@ -21,18 +21,7 @@ _TRUE = ("1", "true", "on", "yes")
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0").lower() not in _TRUE
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 
-_before = os.environ.get("TRITON_INTERPRET")
-if not ON_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[gpu]')")
-    importlib.import_module("kernel_attention.backends.triton_kernels")
-    importlib.import_module("kernel_attention.backends.triton_squared_kernels")
-finally:
-    if _before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _before
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[gpu]')")
 
 import kernel_attention as ka  # noqa: E402
 from kernel_attention.backends import ORDER, choose  # noqa: E402
