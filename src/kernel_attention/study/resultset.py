@@ -128,9 +128,10 @@ class Manifest:
         holds some seeds yet takes over each comparison as soon as it can test it."""
         mine = [s for scale in SCALE_PREFERENCE for s in self.sets
                 if s.checklist and s.study.name == study and s.scale == scale]
+        by_set = [(s, {m.comparison: m for m in s.marked}) for s in mine]
         out = []
-        for i, c in enumerate(m.comparison for m in (mine[0].marked if mine else [])):
-            options = [(s, s.marked[i]) for s in mine]
+        for m in mine[0].marked if mine else []:
+            options = [(s, marks[m.comparison]) for s, marks in by_set]
             tested = [o for o in options if o[1].paired.n >= 2]
             out.append((tested or options)[0])
         return out
