@@ -13,6 +13,8 @@ where triton is not installed.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -366,6 +368,21 @@ def test_cpu_needs_the_interpreter_and_auto_never_takes_it(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "TRITON_INTERPRET" in resolve_backend("triton").supports(p)
     assert "TRITON_INTERPRET" in choose(p).reasons["triton"]
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the interpreter's rules are for CPU tensors")
+def test_interpreter_runs_after_a_module_that_imported_triton_first():
+    """A test module that imports triton without TRITON_INTERPRET (test_triton_host.py), run before this one in
+    the same process, leaves the interpreter able to run the kernels: Triton's own library (``tl.zeros``) was
+    loaded for it by tests/backends/conftest.py."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          os.path.join(here, "test_triton_host.py") + "::test_host_table_has_every_variant",
+                          os.path.join(here, "test_triton.py") + "::test_triton_matches_dense[exp-none-causal]"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "2 passed" in run.stdout
 
 
 def test_explain_describes_the_tiles():
