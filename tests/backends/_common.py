@@ -4,6 +4,7 @@ gradients on a named backend, their comparison with ``dense``, and the backends 
 
 import contextlib
 import dataclasses
+import os
 
 import torch
 
@@ -16,6 +17,9 @@ from kernel_attention.positions import default_positions, make_position
 
 B, H, D = 2, 2, 8
 DT = torch.float64
+#: the triton tests run the compiled kernels on the GPU; otherwise Triton's interpreter on CPU tensors
+TRITON_ON_CUDA = (torch.cuda.is_available()
+                  and os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("1", "true", "on", "yes"))
 
 def inputs(tq, tk, d=D, seed=0, dtype=DT, b=B):
     g = torch.Generator().manual_seed(seed)

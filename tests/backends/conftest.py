@@ -2,10 +2,11 @@
 (``sliced_min_keys``, a speed rule) is lowered for them so that the loops run at these sizes.
 ``test_sliced_path_minimum_keys`` checks the rule at its real value.
 
-Without CUDA, Triton and the ``triton`` backend's kernel modules are loaded here for Triton's interpreter
-(TRITON_INTERPRET=1 while they load, restored after), before any test module imports them: Triton decides when a
-function is defined whether it is interpreted, its own library (``tl.zeros``, ``tl.maximum``) included, and an
-interpreted kernel cannot call a library function loaded for compilation, whichever test module came first."""
+Without CUDA (or with TRITON_INTERPRET set), Triton and the ``triton`` backend's kernel modules are loaded here
+for Triton's interpreter (TRITON_INTERPRET=1 while they load, restored after), before any test module imports them:
+Triton decides when a function is defined whether it is interpreted, its own library (``tl.zeros``, ``tl.maximum``)
+included, and an interpreted kernel cannot call a library function loaded for compilation, whichever test module
+came first."""
 
 import dataclasses
 import importlib
@@ -13,18 +14,15 @@ import importlib.util
 import os
 
 import pytest
-import torch
 
+from _common import TRITON_ON_CUDA
 from kernel_attention.backends.policy import POLICIES
-
-_TRUE = ("1", "true", "on", "yes")
 
 
 def _load_triton_for_the_interpreter():
     """Where the triton tests run on CPU tensors (no CUDA, or TRITON_INTERPRET set), load Triton and the kernel
     modules for the interpreter."""
-    on_cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0").lower() not in _TRUE
-    if importlib.util.find_spec("triton") is None or on_cuda:
+    if importlib.util.find_spec("triton") is None or TRITON_ON_CUDA:
         return
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"

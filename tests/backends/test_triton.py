@@ -19,8 +19,8 @@ import sys
 import pytest
 import torch
 
-_TRUE = ("1", "true", "on", "yes")
-ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0").lower() not in _TRUE
+from _common import TRITON_ON_CUDA as ON_CUDA
+
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[gpu]')")
