@@ -1,6 +1,6 @@
 """Inputs and comparisons shared by the backend tests: small float64 problems, one call's output and
 gradients on a named backend, their comparison with ``dense``, and the backends of
-:data:`~kernel_attention.backends.ORDER` that can run a combination."""
+:data:`~kernel_attention.backends.ORDER` that can run a combination; and whether the triton tests run on the GPU."""
 
 import contextlib
 import dataclasses
