@@ -4,7 +4,6 @@ gradients on a named backend, their comparison with ``dense``, and the backends 
 
 import contextlib
 import dataclasses
-import os
 
 import torch
 
@@ -12,14 +11,15 @@ import kernel_attention as ka
 from kernel_attention.backends import ORDER, choose
 from kernel_attention.backends.dispatch import resolve_backend
 from kernel_attention.backends.policy import POLICIES
+from kernel_attention.backends.triton_support import _interpreting
 from kernel_attention.functional import attention, build_problem
 from kernel_attention.positions import default_positions, make_position
 
 B, H, D = 2, 2, 8
 DT = torch.float64
 #: the triton tests run the compiled kernels on the GPU; otherwise Triton's interpreter on CPU tensors
-TRITON_ON_CUDA = (torch.cuda.is_available()
-                  and os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("1", "true", "on", "yes"))
+TRITON_ON_CUDA = torch.cuda.is_available() and not _interpreting()
+
 
 def inputs(tq, tk, d=D, seed=0, dtype=DT, b=B):
     g = torch.Generator().manual_seed(seed)

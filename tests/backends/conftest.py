@@ -11,12 +11,12 @@ came first."""
 import dataclasses
 import importlib
 import importlib.util
-import os
 
 import pytest
 
 from _common import TRITON_ON_CUDA
 from kernel_attention.backends.policy import POLICIES
+from kernel_attention.backends.triton_aot import _env
 
 
 def _load_triton_for_the_interpreter():
@@ -24,17 +24,10 @@ def _load_triton_for_the_interpreter():
     modules for the interpreter."""
     if importlib.util.find_spec("triton") is None or TRITON_ON_CUDA:
         return
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with _env("TRITON_INTERPRET", "1"):
         for name in ("triton", "kernel_attention.backends.triton_kernels",
                      "kernel_attention.backends.triton_squared_kernels"):
             importlib.import_module(name)
-    finally:
-        if before is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = before
 
 
 _load_triton_for_the_interpreter()
