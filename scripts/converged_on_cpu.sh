@@ -4,7 +4,9 @@
 # columns of TD Tables 1-4, IKA Table 3, then the SP columns of TD Tables 1-4.  Among the NMT columns, Tables 3
 # and 4 (few cells to train, the rest carried over from Table 1) come before the rest of Table 2, so that each
 # table's comparisons have seeds early; of Table 2, the linear rows (the table's main finding, against the
-# exponential kernel of Table 1) come first.
+# exponential kernel of Table 1) come first.  The SP columns follow the same rule: first the cells whose partners
+# are Table 1's cells (Table 3's no-PE row, Table 4, Table 2's asymmetric column), then Table 2's symmetric
+# column, whose exponential partner is trained there too.
 #
 #   [PROCS=2] [OUT=studies] [LOGS=studies/logs] nohup bash scripts/converged_on_cpu.sh > studies/queue.log 2>&1 &
 #
@@ -28,7 +30,8 @@ LOGS=${LOGS:-$OUT/logs}
 QUEUE=(dissection-positions:t1-sp/vaswani
        dissection-positions:t1-nmt dissection-kernels:t2-nmt/linear dissection-order:t3-nmt
        dissection-values:t4-nmt ika-translation: dissection-kernels:t2-nmt
-       dissection-positions:t1-sp dissection-kernels:t2-sp dissection-order:t3-sp dissection-values:t4-sp)
+       dissection-positions:t1-sp dissection-order:t3-sp dissection-values:t4-sp dissection-kernels:t2-sp/sp-asym
+       dissection-kernels:t2-sp)
 mkdir -p "$LOGS"
 walk() {
     for set in "${QUEUE[@]}"; do

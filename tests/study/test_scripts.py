@@ -66,6 +66,18 @@ def test_the_cpu_queue_runs_the_nmt_columns_and_ika_table_3_before_the_sp_column
     assert all(c.table.endswith("-sp") for e in queue[first_sp:] for c in _selected(e))
 
 
+def test_the_cpu_queue_runs_the_sp_cells_with_finished_partners_before_table_2s_symmetric_column():
+    """Table 3's and Table 4's SP cells and Table 2's asymmetric SP column pair with Table 1's cells; Table 2's
+    symmetric column pairs with its own exponential row, still to train, so it comes after them."""
+    queue = _array("converged_on_cpu.sh", "QUEUE")
+    first_sym = min(i for i, e in enumerate(queue) if any(c.col == "sp-sym" for c in _selected(e)))
+    before = {c.id for e in queue[:first_sym] for c in _selected(e)}
+    for name in ("dissection-order", "dissection-values", "dissection-kernels"):
+        cells, _ = get_study(name).cells(StudyOptions(scale="converged"))
+        paired = [c.id for c in cells if c.table.endswith("-sp") and c.col != "sp-sym"]
+        assert paired and not set(paired) - before, f"{name}: {sorted(set(paired) - before)[:3]}"
+
+
 def test_the_gpu_window_defaults_name_sp_cells():
     """The window's default sets are SP columns: an NMT cell outlasts a window (and the TD NMT columns train on
     from last.pt files that only the CPU machine holds)."""
