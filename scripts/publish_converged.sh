@@ -24,7 +24,9 @@ cp "$OUT/$study-converged/runs.csv" "$OUT/$study-converged/curves.csv" "$set_dir
 # A table's curves are drawn from its cells' metrics.jsonl, or for cells carried in with --import-runs from the
 # curves.csv published beside the runs.csv (their curves.jsonl); cells published before curves.csv have neither.
 # Where a variant (table, row, column) of a table has such cells only, the new figure would lack its curve, so
-# the committed figure (drawn where those cells trained) is kept; otherwise the new one replaces it.
+# the committed figure (drawn where those cells trained) is kept; otherwise the new one replaces it.  A committed
+# figure not drawn here at all (the attention maps, drawn from checkpoints that stay where the cells trained) is
+# kept as it is.
 cells=$OUT/$study-converged/cells
 logged() {  # true when a cell of variant $1 (cells/<table>__<row>__<col>) has its curves here (moved aside: a dot)
     local dir
@@ -42,16 +44,18 @@ lacks_curves() {  # true when some variant of table $1 has imported cells withou
     done
     return 1
 }
-for png in "$set_dir"/*.png "$OUT/$study-converged/figures/"*.png; do
+for png in "$OUT/$study-converged/figures/"*.png; do
     [ -e "$png" ] || continue
     name=$(basename "$png"); table=${name#curves_}; table=${table%.png}
     if [[ $name == curves_* ]] && [ -f "$set_dir/$name" ] && lacks_curves "$table"; then
-        [ "$png" = "$set_dir/$name" ] && echo "kept $set_dir/$name: a variant of table $table has imported cells only" \
-            "(no curves here)"
-    elif [ "$png" = "$set_dir/$name" ]; then
-        rm -f "$png"
+        echo "kept $set_dir/$name: a variant of table $table has imported cells only (no curves here)"
     else
         cp "$png" "$set_dir/"
+    fi
+done
+for png in "$set_dir"/*.png; do
+    if [ -e "$png" ] && [ ! -e "$OUT/$study-converged/figures/$(basename "$png")" ]; then
+        echo "kept $png: not drawn here (from the cells' checkpoints or logs, where they trained)"
     fi
 done
 "$KA" study report
