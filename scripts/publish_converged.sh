@@ -23,10 +23,10 @@ fi
 cp "$OUT/$study-converged/runs.csv" "$OUT/$study-converged/curves.csv" "$set_dir/"
 # A table's curves are drawn from its cells' metrics.jsonl, or for cells carried in with --import-runs from the
 # curves.csv published beside the runs.csv (their curves.jsonl); cells published before curves.csv have neither.
-# Where a variant (table, row, column) of a table has such cells only, the new figure would lack its curve, so
-# the committed figure (drawn where those cells trained) is kept; otherwise the new one replaces it.  A committed
-# figure not drawn here at all (the attention maps, drawn from checkpoints that stay where the cells trained) is
-# kept as it is.
+# Where a variant (table, row, column) of a table has such cells only, the new figure lacks its curve (its title
+# names the variant), so the committed figure, drawn where those cells trained, stays beside it as
+# curves_<table>_where-trained.png; once every variant has curves here, that figure goes.  A committed figure
+# not drawn here at all (the attention maps, drawn from checkpoints that stay where the cells trained) is kept.
 cells=$OUT/$study-converged/cells
 logged() {  # true when a cell of variant $1 (cells/<table>__<row>__<col>) has its curves here (moved aside: a dot)
     local dir
@@ -47,13 +47,20 @@ lacks_curves() {  # true when some variant of table $1 has imported cells withou
 for png in "$OUT/$study-converged/figures/"*.png; do
     [ -e "$png" ] || continue
     name=$(basename "$png"); table=${name#curves_}; table=${table%.png}
-    if [[ $name == curves_* ]] && [ -f "$set_dir/$name" ] && lacks_curves "$table"; then
-        echo "kept $set_dir/$name: a variant of table $table has imported cells only (no curves here)"
-    else
-        cp "$png" "$set_dir/"
+    aside=$set_dir/${name%.png}_where-trained.png
+    if [[ $name == curves_* ]] && lacks_curves "$table"; then
+        if [ -f "$set_dir/$name" ] && [ ! -f "$aside" ]; then
+            mv "$set_dir/$name" "$aside"
+            echo "moved the committed $name to $aside: a variant of table $table has imported cells only" \
+                "(no curves here)"
+        fi
+    elif [ -f "$aside" ]; then
+        rm "$aside"
     fi
+    cp "$png" "$set_dir/"
 done
 for png in "$set_dir"/*.png; do
+    case $png in *_where-trained.png) continue ;; esac
     if [ -e "$png" ] && [ ! -e "$OUT/$study-converged/figures/$(basename "$png")" ]; then
         echo "kept $png: not drawn here (from the cells' checkpoints or logs, where they trained)"
     fi

@@ -146,6 +146,28 @@ def test_a_diverged_seed_is_passed_over_and_a_variant_that_only_diverged_is_mark
         plt.close(fig)
 
 
+def test_the_title_names_the_variants_with_results_but_no_curves(tmp_path):
+    """Cells carried in without their logs (published before curves were kept) are named, not drawn."""
+    table, cells, dir_of, results = _grid(tmp_path, [("nmt-asym", "NMT asym"), ("nmt-sym", "NMT sym")])
+    for c in cells:
+        if c.row == "rbf" and c.col == "nmt-sym" or c.row == "exp" and c.col == "nmt-asym":
+            (dir_of(c) / "metrics.jsonl").unlink()
+    fig = figures.training_curves_figure(table, cells, dir_of, results)
+    try:
+        title = fig._suptitle.get_text()
+        assert title.splitlines()[-1] == "no curves kept for: exponential \N{EM DASH} NMT asym, RBF \N{EM DASH} NMT sym"
+        labels = {t for ax in fig.axes for t in ax.get_legend_handles_labels()[1]}
+        assert labels == {"RBF \N{EM DASH} NMT asym", "exponential \N{EM DASH} NMT sym"}
+    finally:
+        plt.close(fig)
+    still_training = [r for r in results if not (r["row"] == "exp" and r["col"] == "nmt-asym")]
+    fig = figures.training_curves_figure(table, cells, dir_of, still_training)
+    try:  # a variant without results is not named
+        assert fig._suptitle.get_text().endswith("no curves kept for: RBF \N{EM DASH} NMT sym")
+    finally:
+        plt.close(fig)
+
+
 def test_no_log_no_figure(tmp_path):
     table, cells, dir_of, results = _grid(tmp_path, [("nmt", "NMT")])
     assert figures.training_curves(tmp_path / "fig", table, cells, lambda c: tmp_path / "none", results) is None

@@ -447,3 +447,15 @@ def test_the_wall_time_line_names_the_machine_of_the_cells_trained_for_the_set(t
     write_csv(path, get_study("dissection-positions"), rows)
     line = next(x for x in render_page(root).splitlines() if x.startswith("Wall time of the cells"))
     assert line.startswith("Wall time of the cells (sum): 5.0 min on AMD EPYC (AVX512), torch 2.13.0+cpu."), line
+
+
+def test_a_figure_drawn_where_its_cells_trained_follows_the_one_drawn_from_curves_csv_and_says_so(tmp_path):
+    root = _one_converged_set(tmp_path, better=1.0)
+    for name in ("curves_t1-sp.png", "curves_t1-sp_where-trained.png"):
+        (root / "positions-converged" / name).touch()
+    lines = render_page(root).splitlines()
+    images = [i for i, x in enumerate(lines) if x.startswith("![")]
+    assert [lines[i].split("]")[0] for i in images] == ["![positions-converged/curves_t1-sp.png",
+                                                        "![positions-converged/curves_t1-sp_where-trained.png"]
+    assert lines[images[1] + 2].startswith("The figure above was drawn where its cells trained")
+    assert not lines[images[0] + 2].startswith("The figure above")

@@ -130,9 +130,10 @@ def test_import_cells_brings_finished_cells_and_leaves_the_rest(tmp_path):
     assert (here / "f" / "metrics.jsonl").read_text() == "here" and "f: being trained here" in out
 
 
-def test_publish_converged_replaces_the_figures_drawn_here_and_keeps_the_rest(tmp_path):
-    """A curves figure drawn here replaces the committed one, unless a variant of its table has imported cells
-    without curves only (the committed figure, drawn where they trained, has their curve); a committed figure not
+def test_publish_converged_puts_the_figures_drawn_here_and_keeps_those_drawn_where_cells_trained(tmp_path):
+    """A curves figure drawn here replaces the committed one; where a variant of its table has imported cells
+    without curves only, the committed figure (drawn where they trained, with their curve) moves aside to
+    ``curves_<table>_where-trained.png`` once, and goes when every variant has curves here.  A committed figure not
     drawn here (an attention map, from checkpoints elsewhere) stays."""
     if shutil.which("bash") is None:
         pytest.skip("needs bash")
@@ -148,16 +149,30 @@ def test_publish_converged_replaces_the_figures_drawn_here_and_keeps_the_rest(tm
     study = tmp_path / "studies" / "toy-converged"
     _cell(study / "cells" / "t1__a__c__s1", "ok", metrics_jsonl="{}")
     _cell(study / "cells" / "t2__a__c__s1", "ok", metrics_jsonl="{}")
-    (_cell(study / "cells" / "t2__b__c__s1") / "result.json").write_text('{"status": "ok", "imported_from": "x"}')
+    imported = _cell(study / "cells" / "t2__b__c__s1")
+    (imported / "result.json").write_text('{"status": "ok", "imported_from": "x"}')
     (study / "figures").mkdir()
-    for name in ("curves_t1.png", "curves_t2.png"):
-        (study / "figures" / name).write_text("drawn here")
     (study / "runs.csv").write_text("runs")
     (study / "curves.csv").write_text("curves")
-    out = subprocess.run(["bash", str(tmp_path / "scripts" / "publish_converged.sh"), "toy"],
-                         env={"OUT": str(tmp_path / "studies"), "KA": "true", "PATH": "/usr/bin:/bin"},
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    def publish(drawn: str) -> str:
+        for name in ("curves_t1.png", "curves_t2.png"):
+            (study / "figures" / name).write_text(drawn)
+        return subprocess.run(["bash", str(tmp_path / "scripts" / "publish_converged.sh"), "toy"],
+                              env={"OUT": str(tmp_path / "studies"), "KA": "true", "PATH": "/usr/bin:/bin"},
+                              cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    out = publish("drawn here")
     assert (committed / "runs.csv").read_text() == "runs" and (committed / "curves.csv").read_text() == "curves"
     assert (committed / "curves_t1.png").read_text() == "drawn here"
-    assert (committed / "curves_t2.png").read_text() == "committed" and "curves_t2.png: a variant of table t2" in out
+    assert not (committed / "curves_t1_where-trained.png").exists()
+    assert (committed / "curves_t2.png").read_text() == "drawn here"
+    assert (committed / "curves_t2_where-trained.png").read_text() == "committed" and "curves_t2.png to" in out
     assert (committed / "fig2_heads.png").read_text() == "committed" and "fig2_heads.png: not drawn here" in out
+    publish("drawn again")  # the figure moved aside stays as it is
+    assert (committed / "curves_t2.png").read_text() == "drawn again"
+    assert (committed / "curves_t2_where-trained.png").read_text() == "committed"
+    (imported / "metrics.jsonl").write_text("{}")  # every variant of t2 has its curves here now
+    publish("complete")
+    assert (committed / "curves_t2.png").read_text() == "complete"
+    assert not (committed / "curves_t2_where-trained.png").exists()

@@ -24,6 +24,7 @@ it out.
 from __future__ import annotations
 
 import math
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -144,21 +145,24 @@ class _Variant:
         return any(r["diverged"] for r in self.runs) if mode == "mean" else self.best()["diverged"]
 
 
-def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict, bool]:
-    """{(row id, col id): _Variant} of the (row, column)s with a logged run, and whether every plotted
-    run's validation metric is in scaled units (``scaled_units`` tables with each run's ``unit_factor``).
+def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict, bool, list[str]]:
+    """{(row id, col id): _Variant} of the (row, column)s with a logged run, whether every plotted
+    run's validation metric is in scaled units (``scaled_units`` tables with each run's ``unit_factor``), and
+    the labels of the (row, column)s with results but no logged run (carried in without their curves).
     A cell without a record in ``results`` is not drawn: it is still training (its curve would stop short
     of the others) or ran with another configuration, and the table leaves it out too."""
     by_id = {r["cell"]: r for r in results if "cell" in r}
     multi_col = len(table.cols) > 1
-    out, scaled = {}, bool(table.scaled_units)
+    out, scaled, unlogged = {}, bool(table.scaled_units), []
     for rid, rlab in table.rows:
         for cid, clab in table.cols:
-            runs = []
+            label = f"{rlab} \N{EM DASH} {clab}" if multi_col else rlab
+            runs, finished = [], False
             for c in sorted((c for c in cells if c.row == rid and c.col == cid), key=lambda c: c.seed):
                 if c.id not in by_id:
                     continue
                 res = by_id[c.id]
+                finished |= res.get("status") != "error"
                 records = cell_log(dir_of(c), res)
                 factor = table.scale_factor
                 if table.scaled_units:
@@ -176,9 +180,10 @@ def _variants(table, cells, dir_of: Callable, results: list[dict]) -> tuple[dict
                                 if _finite(score) else _best_score(run["valid"][1], table.higher_is_better))
                 runs.append(run)
             if runs:
-                out[(rid, cid)] = _Variant(f"{rlab} \N{EM DASH} {clab}" if multi_col else rlab, runs,
-                                           table.higher_is_better)
-    return out, scaled
+                out[(rid, cid)] = _Variant(label, runs, table.higher_is_better)
+            elif finished:
+                unlogged.append(label)
+    return out, scaled, unlogged
 
 
 def _seed_mode(cells, seeds: str | None) -> str:
@@ -253,7 +258,7 @@ def training_curves_figure(table, cells, dir_of: Callable, results: list[dict], 
     """The Figure of :func:`training_curves` (None when no cell of ``table`` has a log)."""
     cells = [c for c in cells if c.table == table.name]
     mode = _seed_mode(cells, seeds)
-    variants, scaled = _variants(table, cells, dir_of, results)
+    variants, scaled, unlogged = _variants(table, cells, dir_of, results)
     cols = [(cid, clab) for cid, clab in table.cols if any(k[1] == cid for k in variants)]
     if not cols:
         return None
@@ -282,6 +287,8 @@ def training_curves_figure(table, cells, dir_of: Callable, results: list[dict], 
            "one line per variant: mean over seeds, band \N{PLUS-MINUS SIGN} 1 std")
     how += f" (up to {n_seeds} seed{'s' if n_seeds != 1 else ''}); x: diverged\n" \
         f"a training loss logged at over {2 * SMOOTH} steps: its running mean over 1/{SMOOTH} of them"
+    if unlogged:
+        how += "\n" + textwrap.fill("no curves kept for: " + ", ".join(unlogged), 100)
     fig.suptitle("\n".join(t for t in (_study_title(cells), f"{table.title}: training loss and "
                                                             f"{valid_label} per step", how) if t), fontsize=9)
     return fig
@@ -295,7 +302,7 @@ def training_curves(fig_dir: Path, table, cells, dir_of: Callable, results: list
     table has several).  ``seeds``: "best" (the seed with the best validation score, Transformer
     Dissection's protocol) or "mean" (mean over seeds, band ± 1 std); None takes the study's protocol.
     A column none of whose cells logged training (e.g. results carried over without their run folder) gets
-    no panels; None when no column has a curve."""
+    no panels, and the title names each variant with results but no curve; None when no column has a curve."""
     fig = training_curves_figure(table, cells, dir_of, results, seeds=seeds)
     return None if fig is None else _save(fig, fig_dir / f"curves_{table.name}.png")
 

@@ -31,6 +31,9 @@ __all__ = ["render_page", "write_page", "check_page"]
 
 TITLE = "# Results: our numbers beside the papers'"
 _UNKNOWN_MACHINE = "a machine not recorded (unknown)"
+#: how the name of a curves figure drawn where its cells trained ends, once a figure drawn from curves.csv took its
+#: place (scripts/publish_converged.sh moves it aside)
+WHERE_TRAINED = "_where-trained.png"
 
 
 def _label(m: Marked) -> str:
@@ -143,6 +146,9 @@ def _section(man: Manifest, s: ResultSet) -> list[str]:
         out += _marks_table([(s, m) for m in run])
     for png in s.figures():
         out += ["", f"![{s.name}/{png.name}]({man.root.name}/{s.name}/{png.name})"]
+        if png.name.endswith(WHERE_TRAINED):
+            out += ["", "The figure above was drawn where its cells trained, from logs that the set's curves.csv does "
+                    "not hold: it has the curves of the variants that the figure before it names as not kept."]
     return out
 
 
