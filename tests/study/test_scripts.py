@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernel_attention.study.core import StudyOptions, get_study
+from kernel_attention.study.results_page import WHERE_TRAINED
 from kernel_attention.study.runner import select_cells
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -162,6 +163,7 @@ def test_publish_converged_puts_the_figures_drawn_here_and_keeps_those_drawn_whe
                               env={"OUT": str(tmp_path / "studies"), "KA": "true", "PATH": "/usr/bin:/bin"},
                               cwd=tmp_path, capture_output=True, text=True, check=True).stdout
 
+    assert WHERE_TRAINED == "_where-trained.png"  # the ending the page captions (study/results_page.py)
     out = publish("drawn here")
     assert (committed / "runs.csv").read_text() == "runs" and (committed / "curves.csv").read_text() == "curves"
     assert (committed / "curves_t1.png").read_text() == "drawn here"
