@@ -163,18 +163,17 @@ def test_publish_converged_puts_the_figures_drawn_here_and_keeps_those_drawn_whe
                               env={"OUT": str(tmp_path / "studies"), "KA": "true", "PATH": "/usr/bin:/bin"},
                               cwd=tmp_path, capture_output=True, text=True, check=True).stdout
 
-    assert WHERE_TRAINED == "_where-trained.png"  # the ending the page captions (study/results_page.py)
     out = publish("drawn here")
     assert (committed / "runs.csv").read_text() == "runs" and (committed / "curves.csv").read_text() == "curves"
     assert (committed / "curves_t1.png").read_text() == "drawn here"
-    assert not (committed / "curves_t1_where-trained.png").exists()
+    assert not (committed / f"curves_t1{WHERE_TRAINED}").exists()  # the ending the page captions
     assert (committed / "curves_t2.png").read_text() == "drawn here"
-    assert (committed / "curves_t2_where-trained.png").read_text() == "committed" and "curves_t2.png to" in out
+    assert (committed / f"curves_t2{WHERE_TRAINED}").read_text() == "committed" and "curves_t2.png to" in out
     assert (committed / "fig2_heads.png").read_text() == "committed" and "fig2_heads.png: not drawn here" in out
     publish("drawn again")  # the figure moved aside stays as it is
     assert (committed / "curves_t2.png").read_text() == "drawn again"
-    assert (committed / "curves_t2_where-trained.png").read_text() == "committed"
+    assert (committed / f"curves_t2{WHERE_TRAINED}").read_text() == "committed"
     (imported / "metrics.jsonl").write_text("{}")  # every variant of t2 has its curves here now
     publish("complete")
     assert (committed / "curves_t2.png").read_text() == "complete"
-    assert not (committed / "curves_t2_where-trained.png").exists()
+    assert not (committed / f"curves_t2{WHERE_TRAINED}").exists()
