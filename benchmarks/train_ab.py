@@ -6,12 +6,15 @@ process takes the allocator settings of the command line (:func:`kernel_attentio
     python benchmarks/train_ab.py CONFIG --compile [--steps 150] [--repeats 1] [--threads 1]
     python benchmarks/train_ab.py CONFIG --policy sdpa_float32_max_keys=None [--steps 80] [--repeats 2]
     python benchmarks/train_ab.py CONFIG --per-parameter-adam [--steps 40] [--repeats 2]
+    python benchmarks/train_ab.py CONFIG --whole-shaw-table [--steps 60] [--repeats 2]
 
 ``--compile``: A eager, B with ``train.compile=true`` (``torch.compile(model, dynamic=True)``; B's wall time
 includes the compilation).  ``--policy FIELD=VALUE``: A the device policy as shipped, B with one field of the
 CPU's :class:`~kernel_attention.backends.policy.DevicePolicy` replaced (an integer, or None).
 ``--per-parameter-adam``: A the trainer's fused Adam, B PyTorch's per-parameter loop (the CPU's default
-implementation; :data:`kernel_attention.training.optimizer.FUSED_DEVICES` emptied).  Runs alternate
+implementation; :data:`kernel_attention.training.optimizer.FUSED_DEVICES` emptied).  ``--whole-shaw-table``: A
+Shaw's tables read at the rows the distances reach (:meth:`~kernel_attention.positions.ShawPosition.reach`), B
+the whole (2c + 1)-row tables, for a config with ``position: shaw``.  Runs alternate
 (A, B, A, B, ...) so that a change in the machine's load falls on both.
 
 CONFIG is a training config, e.g. a study cell's ``config.yaml``
@@ -33,6 +36,7 @@ import torch
 import yaml
 
 from kernel_attention.malloc import configure
+from kernel_attention.positions import ShawPosition
 from kernel_attention.tasks.runner import train
 from kernel_attention.training import optimizer as optimizer_module
 from kernel_attention.training.run_log import read_metrics
@@ -77,6 +81,17 @@ def per_parameter_adam() -> Iterator[None]:
         optimizer_module.FUSED_DEVICES = fused
 
 
+@contextlib.contextmanager
+def whole_shaw_table() -> Iterator[None]:
+    """Shaw's position scheme reading the whole table at every call for the duration."""
+    reach = ShawPosition.reach
+    ShawPosition.reach = lambda self, tq, tk, offset: self.clip
+    try:
+        yield
+    finally:
+        ShawPosition.reach = reach
+
+
 def wall(cfg: dict, context: contextlib.AbstractContextManager) -> tuple[float, float]:
     """Wall seconds of training ``cfg`` from scratch inside ``context``: the whole run, and its updates alone
     (the last train record's ``wall_s``: without the final evaluation; the whole run where there is none)."""
@@ -97,6 +112,8 @@ def main(argv=None) -> None:
                        help="A the CPU policy as shipped, B with FIELD set to VALUE (an integer or None)")
     which.add_argument("--per-parameter-adam", action="store_true",
                        help="A the trainer's fused Adam, B the per-parameter implementation")
+    which.add_argument("--whole-shaw-table", action="store_true",
+                       help="A Shaw's tables cut to the rows the distances reach, B the whole tables")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=1, help="runs of each setting")
     p.add_argument("--threads", type=int, default=1)
@@ -114,6 +131,9 @@ def main(argv=None) -> None:
     elif a.per_parameter_adam:
         names = ("fused Adam", "per-parameter Adam")
         settings = [(cfg, contextlib.nullcontext), (cfg, per_parameter_adam)]
+    elif a.whole_shaw_table:
+        names = ("tables cut to the distances", "whole tables")
+        settings = [(cfg, contextlib.nullcontext), (cfg, whole_shaw_table)]
     else:
         field, value = a.policy
         names = (f"{field}={getattr(policy_module.POLICIES['cpu'], field)} (shipped)", f"{field}={value}")

@@ -47,7 +47,8 @@ def test_kernel_attention_compiles_fullgraph_and_matches_eager(kernel, position,
     _compare(layer, torch.randn(2, 16, D_MODEL))
 
 
-@pytest.mark.parametrize("kernel,position,filt", [("exp", "xl", "causal"), ("poly", "none", "causal")])
+@pytest.mark.parametrize("kernel,position,filt", [("exp", "xl", "causal"), ("exp", "shaw", "causal"),
+                                                ("poly", "none", "causal")])
 def test_dynamic_shapes_compile_once_for_every_length(kernel, position, filt):
     torch.manual_seed(0)
     layer = ka.KernelAttention(D_MODEL, HEADS, kernel=kernel, position=position, filter=filt)

@@ -65,6 +65,28 @@ def test_shaw_clipping_ties_far_distances():
     assert not torch.allclose(row[:, 6], row[:, 5])  # distance 1 has a row of its own
 
 
+@pytest.mark.parametrize("clip,reach", [(50, 7), (1024, 7), (6, 6), (2, 2)])
+def test_shaw_forms_the_logits_of_the_table_rows_its_distances_reach(clip, reach):
+    """On the default positions (3 queries after 4 memory keys: distances -2..6) a wide table is read at its
+    2c' + 1 middle rows, c' = 7 the least 2^n - 1 covering the distances (c when c is not wider): the same
+    output, input and table gradients as the whole table read at positions given explicitly (not known to be
+    the defaults, so not cut)."""
+    layer = _layer(f"shaw:clip={clip}", value_position="relative", filt="memory")
+    x, mem = torch.randn(2, 3, 12, dtype=torch.float64), torch.randn(2, 4, 12, dtype=torch.float64)
+    pos = ka.positions.encodings.as_positions(torch.arange(7), 1)
+    widths = [layer.project(x, torch.cat([mem, x], 1), pos[:, 4:], pos, off)[3].relative[0][0].shape[-1]
+              for off in (4, None)]
+    assert widths == [2 * reach + 1, 2 * clip + 1]
+    grads = []
+    for given in (False, True):
+        layer.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = layer(xi, memory=mem, **(dict(pos_q=torch.arange(4, 7), pos_k=torch.arange(7)) if given else {}))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append([out, xi.grad, layer.position.key_tables[0].grad, layer.position.value_tables[0].grad])
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
 def _rel_shift(x):
     """kimiyoung/transformer-xl mem_transformer.py _rel_shift, for x of shape (qlen, klen, ...)."""
     zero_pad = torch.zeros((x.size(0), 1, *x.size()[2:]), device=x.device, dtype=x.dtype)

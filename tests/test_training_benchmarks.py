@@ -77,6 +77,17 @@ def test_per_parameter_adam_in_b_only(bench, monkeypatch):
     assert seen == [True, False] * 2 and mod.optimizer_module.FUSED_DEVICES == ("cpu", "cuda")
 
 
+def test_whole_shaw_table_in_b_only(bench, monkeypatch):
+    """B's Shaw scheme reads its whole table at the default positions, A's the rows the distances reach, and the
+    scheme is restored."""
+    mod, cfg = bench
+    seen = []
+    layer = mod.ShawPosition(8, 2, 4, clip=100)
+    monkeypatch.setattr(mod, "train", lambda c, out, resume: seen.append(layer.reach(5, 5, 0)))
+    mod.main([cfg, "--whole-shaw-table", "--steps", "2", "--repeats", "2"])
+    assert seen == [7, 100] * 2 and layer.reach(5, 5, 0) == 7
+
+
 @pytest.mark.parametrize("bad", ["sdpa_float32_max_keys", "no_such_field=1", "sdpa_float32_max_keys=many"])
 def test_a_bad_policy_argument_exits_2_naming_what_is_accepted(bench, capsys, bad):
     mod, cfg = bench

@@ -158,20 +158,35 @@ class ShawPosition(PositionScheme):
             self.value_tables = nn.ParameterList(nn.Parameter(torch.randn(2 * clip + 1, d_head) * d_head ** -0.5)
                                                  for _ in range(axes))
 
-    def index(self, pos_q: Tensor, pos_k: Tensor, offset: int | None = None) -> list[DifferenceIndex | Tensor]:
+    def reach(self, tq: int, tk: int, offset: int | None) -> int:
+        """The clip c' <= c the tables are read at: on the default positions (``offset`` given) whose distances
+        offset + i - j all lie within ±c' for c' < c, the 2c' + 1 middle rows of a table hold every row a pair
+        reads, and clip(r, -c', c') + c' picks the same row of them as clip(r, -c, c) + c of the whole table;
+        so the (Tq, 2c' + 1) logits are formed, not (Tq, 2c + 1).  c' is 2^n - 1 (few specialisations of a
+        kernel compiled per clip, over lengths).  c otherwise, and under ``torch.compile``: there the cut would
+        guard on the lengths (a graph per length under ``dynamic=True``)."""
+        if offset is None or torch.compiler.is_compiling():
+            return self.clip
+        need = max(1, tk - 1 - offset, offset + tq - 1)
+        return min(self.clip, (1 << need.bit_length()) - 1)
+
+    def index(self, pos_q: Tensor, pos_k: Tensor, offset: int | None = None,
+              clip: int | None = None) -> list[DifferenceIndex | Tensor]:
         """Row of the table for each (query, key) pair, per axis: (Bp, Tq, Tk) in [0, 2·clip], a
-        :class:`DifferenceIndex` for integer positions (no (Tq, Tk) tensor)."""
-        return [_pair_index(pos_q[..., a], pos_k[..., a], clip=self.clip, offset=offset)
+        :class:`DifferenceIndex` for integer positions (no (Tq, Tk) tensor); ``clip`` defaults to the scheme's."""
+        return [_pair_index(pos_q[..., a], pos_k[..., a], clip=clip or self.clip, offset=offset)
                 for a in range(pos_q.shape[-1])]
 
     def terms(self, q, k, pos_q, pos_k, offset=None):
-        idx = self.index(pos_q, pos_k, offset)
+        c = self.reach(pos_q.shape[1], pos_k.shape[1], offset)
+        idx = self.index(pos_q, pos_k, offset, clip=c)
+        rows = slice(self.clip - c, self.clip + c + 1)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        rel = [(torch.matmul(q, table.to(q.dtype).t()) * scale, idx[a])
+        rel = [(torch.matmul(q, table[rows].to(q.dtype).t()) * scale, idx[a])
                for a, table in enumerate(self.key_tables)]
         value = []
         if self.value_tables is not None:
-            value = [(table, idx[a]) for a, table in enumerate(self.value_tables)]
+            value = [(table[rows], idx[a]) for a, table in enumerate(self.value_tables)]
         return PositionalTerms(relative=rel, value=value)
 
 
