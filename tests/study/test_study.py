@@ -515,3 +515,39 @@ def test_a_missing_package_stops_the_study_and_records_nothing(tmp_path, monkeyp
     monkeypatch.setattr(task_runner, "prepare", prepare)
     assert main(["study", "synthetic-smoke", "--out", str(out), "--no-figures"]) == 0
     assert len(list(out.rglob("result.json"))) == 2
+
+
+@pytest.mark.parametrize("signame,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stop_asked_during_a_cells_final_evaluation_stops_the_study_after_that_cell(
+        tmp_path, monkeypatch, capsys, signame, status):
+    """Ctrl-C or SIGTERM after a cell's last logged step (its final evaluation) lets the cell finish and record its
+    result, then stops the study before the next cell, as a stop during training does; the same command then
+    runs the cells left and only those."""
+    import signal
+
+    from kernel_attention.cli import main
+    from kernel_attention.training.loop import Trainer
+
+    signum = getattr(signal, signame)
+    finish, asked = Trainer._finish, []
+
+    def finish_with_a_signal(self):
+        if not asked:
+            asked.append(self.run_dir.name)
+            signal.raise_signal(signum)  # the trainer's handler notes it; the evaluation goes on
+        return finish(self)
+
+    monkeypatch.setattr(Trainer, "_finish", finish_with_a_signal)
+    before = signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    out = tmp_path / "st"
+    try:
+        assert main(["study", "synthetic-smoke", "--out", str(out), "--no-figures"]) == status
+    finally:
+        signal.signal(signum, before)
+    err = capsys.readouterr().err
+    assert f"interrupted: stopped after cell {asked[0]}, its result written" in err and "Traceback" not in err
+    assert [p.parent.name for p in out.rglob("result.json")] == asked
+    assert json.loads(next(out.rglob("result.json")).read_text())["status"] == "ok"
+    assert main(["study", "synthetic-smoke", "--out", str(out), "--no-figures"]) == 0
+    assert "1 already finished, 1 to run" in capsys.readouterr().out
+    assert len(list(out.rglob("result.json"))) == 2

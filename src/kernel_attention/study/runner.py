@@ -60,6 +60,7 @@ from kernel_attention.study.extend import extension, rekey
 from kernel_attention.study.locks import cell_lock, running_elsewhere
 from kernel_attention.study.revision import code_revision
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
+from kernel_attention.training.interrupt import stop_if_asked
 from kernel_attention.training.run_log import end_of_run, read_metrics
 from kernel_attention.training.progress_line import format_duration
 
@@ -366,5 +367,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         log(f"[{study.name}] {done}/{n} cells done | {c.id}: {rec['status']} valid={rec['valid']} "
             f"test={rec['test']} ({format_duration(spent[-1])}) | elapsed {format_duration(time.time() - start)}, "
             f"about {format_duration(eta)} left")
+        # a SIGINT or SIGTERM during the cell's final evaluation: the cell is recorded, the study stops here
+        stop_if_asked(f"stopped after cell {c.id}, its result written")
     recarry()
     return cells, read_results(out, study, cells), shrink

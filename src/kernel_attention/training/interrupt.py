@@ -5,6 +5,10 @@ the same command resumes with no update lost; a second one of the same signal st
 scheduler (SLURM, Kubernetes) sends SIGTERM and waits some seconds before SIGKILL, and ``torchrun`` passes the
 one it gets to its workers; a logged step (``train.log_every``) comes within those seconds unless steps are slow.
 
+A request that comes after the trainer's last check (during the final evaluation of a run, which then finishes)
+is kept: :func:`stop_if_asked` raises it where a caller would start another run (a study's next cell), so that
+the process stops there and not after the next run.
+
 Under ``torchrun`` each rank's request rides along the reduction of the train record, so that all ranks stop
 at the same step and write the checkpoint together.  A handler is set only from the main thread and only in
 place of the signal's default one (Python's ``default_int_handler`` for SIGINT, ``SIG_DFL`` for SIGTERM): a
@@ -17,10 +21,14 @@ import signal
 import sys
 import threading
 
-__all__ = ["StopRequest", "Stopped"]
+__all__ = ["StopRequest", "Stopped", "stop_if_asked"]
 
 #: each signal handled, with the handler that is its default in Python and how the messages name it
 _DEFAULTS = {signal.SIGINT: (signal.default_int_handler, "Ctrl-C"), signal.SIGTERM: (signal.SIG_DFL, "SIGTERM")}
+
+
+#: the signal of each request made while a run's handler was in place that the run did not stop on
+_unanswered: list[int] = []
 
 
 class Stopped(KeyboardInterrupt):
@@ -39,6 +47,7 @@ class StopRequest:
     def __init__(self, announce: bool = True) -> None:
         self.announce = announce  # under torchrun only the main rank says so: the signal reaches every rank
         self.requested = False
+        self.answered = False  # the trainer stopped on the request
         self.signum: int | None = None
         self._installed: list[int] = []
 
@@ -62,3 +71,14 @@ class StopRequest:
         for signum in self._installed:
             signal.signal(signum, _DEFAULTS[signum][0])
         self._installed = []
+        if self.requested and not self.answered:
+            _unanswered.append(self.signum)
+
+
+def stop_if_asked(message: str) -> None:
+    """Raise :class:`Stopped` with ``message`` when a SIGINT or SIGTERM came during a run that finished all the
+    same (after its last logged step); the request is then spent.  For a caller about to start another run."""
+    if _unanswered:
+        signum = _unanswered[0]
+        _unanswered.clear()
+        raise Stopped(message, signum)

@@ -374,6 +374,7 @@ class Trainer:
                     if stop and not self._done():
                         if not due:
                             self.save()
+                        interrupt.answered = True
                         raise Stopped(f"stopped after step {self.step}, last.pt written there", interrupt.signum)
                     if stop_after is not None and self.step >= stop_after:
                         summary["interrupted"] = True
