@@ -37,7 +37,7 @@ def test_memory_and_value_function_match_loop(position, value_position):
     torch.testing.assert_close(layer(x, memory=mem), ref, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("position", ["none", "absolute", "shaw:clip=3", "xl", "product"])
+@pytest.mark.parametrize("position", ["none", "absolute", "shaw:clip=3", "shaw:clip=50", "xl", "product"])
 def test_cross_attention_matches_loop(position):
     """Encoder-decoder: t_q is the decoder position, t_k the encoder position."""
     layer = _layer(position, symmetric=position == "product")
@@ -230,7 +230,7 @@ def test_default_positions_align_queries_to_the_last_keys():
     assert default_positions(2, 5, "cpu", False, query_offset=3)[0][..., 0].tolist() == [[3, 4]]
 
 
-@pytest.mark.parametrize("position", ["none", "absolute", "shaw:clip=3", "xl", "product"])
+@pytest.mark.parametrize("position", ["none", "absolute", "shaw:clip=3", "shaw:clip=50", "xl", "product"])
 def test_query_offset_places_the_default_query_positions(position):
     """Cross-attention from queries at o..o+Tq-1 (a decoder's tokens after its cached ones): ``query_offset=o``
     is ``pos_q = arange(o, o + Tq)``, per pair as the loop gives it; with ``pos_q`` as well it is an error."""
