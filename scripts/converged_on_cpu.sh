@@ -14,12 +14,13 @@
 # beside a running one, say one more process on a core that came free.
 # Each process walks the same queue; the runner's cell locks keep two processes off one cell, finished cells
 # are skipped and unfinished ones resume from their last.pt, so the script can be stopped (kill its process
-# group) and started again at any time; a cell finished under a smaller train.max_steps trains on from its
-# last.pt (study/extend.py).  Cells whose configuration equals one finished in another study under
-# the same OUT (TD Table 1 shares cells with Tables 3 and 4, see study/twins.py) are carried over, not trained
-# again.  The cells already published (docs/results/<study>-converged/runs.csv) are imported first
-# (--import-runs), so that on a new machine the queue goes on where the published results stop.  Each study is
-# collected (runs.csv, table.md, figures) after its cells; scripts/publish_converged.sh publishes them;
+# group; a SIGTERM to one study process ends that process's walk) and started again at any time; a cell
+# finished under a smaller train.max_steps trains on from its last.pt (study/extend.py).  Cells whose
+# configuration equals one finished in another study under the same OUT (TD Table 1 shares cells with Tables 3
+# and 4, see study/twins.py) are carried over, not trained again.  The cells already published
+# (docs/results/<study>-converged/runs.csv) are imported first (--import-runs), so that on a new machine the
+# queue goes on where the published results stop.  Each study is collected (runs.csv, table.md, figures) after
+# its cells; scripts/publish_converged.sh publishes them;
 # `study NAME --scale converged --collect-only` collects the cells finished so far while others train.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,9 @@ walk() {
         csv=docs/results/$name-converged/runs.csv
         "$KA" study "$name" --scale converged ${only:+--only "$only"} --out "$OUT" --threads 1 --no-figures \
             $([ -f "$csv" ] && echo --import-runs "$csv")
+        status=$?
+        # a study stopped by a signal (exit 128 + signum) was asked to stop: its walk ends there, not at the next set
+        if [ "$status" -ge 128 ]; then echo "walk stopped: $name exited $status" >&2; return "$status"; fi
     done
 }
 for i in $(seq "$PROCS"); do

@@ -177,3 +177,26 @@ def test_publish_converged_puts_the_figures_drawn_here_and_keeps_those_drawn_whe
     publish("complete")
     assert (committed / "curves_t2.png").read_text() == "complete"
     assert not (committed / f"curves_t2{WHERE_TRAINED}").exists()
+
+
+def test_a_walk_of_the_cpu_queue_ends_where_a_study_was_stopped_by_a_signal(tmp_path):
+    """A study process that a SIGTERM stopped (exit 128 + 15) ends its walk of the queue: the next set is not
+    started; the script still collects every study at the end."""
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPTS / "converged_on_cpu.sh", tmp_path / "scripts")
+    ka = tmp_path / "ka"
+    ka.write_text('#!/bin/bash\necho "$*" >> "$(dirname "$0")/calls"\n'
+                  'case "$*" in *--no-figures*) [ "$(grep -c -- --no-figures "$(dirname "$0")/calls")" = 1 ] '
+                  '&& exit 143;; esac\nexit 0\n')  # the first study the walk starts stops as on a SIGTERM
+    ka.chmod(0o755)
+    subprocess.run(["bash", str(tmp_path / "scripts" / "converged_on_cpu.sh")],
+                   env={"PROCS": "1", "KA": str(ka), "OUT": str(tmp_path / "studies"), "PATH": "/usr/bin:/bin"},
+                   cwd=tmp_path, capture_output=True, text=True, check=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    trained = [c for c in calls if "--no-figures" in c]
+    assert len(trained) == 1 and trained[0].startswith("study dissection-positions"), calls
+    assert len([c for c in calls if "--collect-only" in c]) == len(CONVERGED), calls
+    log = (tmp_path / "studies" / "logs" / "queue.1.log").read_text()
+    assert "walk stopped: dissection-positions exited 143" in log
