@@ -14,6 +14,15 @@ for folder in ("training", "backends"):
         sys.path.insert(0, path)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n``) each worker takes its share of the cores for torch's intra-op threads: the
+    workers' default pools, one thread per core each, would oversubscribe the machine."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // int(workers)))
+
+
 @pytest.fixture
 def host_reads(monkeypatch):
     """The list to which every read of a tensor's value by the host (bool, int, float, item, tolist) appends the
