@@ -48,9 +48,19 @@ import triton
 import triton.language as tl
 
 from kernel_attention.backends.triton_shaw import _add_table, _near_query_tiles, _near_tiles, _onto_table, _segment
-from kernel_attention.backends.triton_tiles import _keep, _key_mask, _key_range, _query_range, _tile, _visits
+from kernel_attention.backends.triton_tiles import (_keep, _key_mask, _key_range, _query_range, _store_tile, _tile,
+                                                    _visits)
 
 __all__ = ["flash_forward", "flash_backward_kv", "flash_backward_q"]
+
+
+@triton.jit
+def _heads(H, G, RSTRIDE):
+    """The program's batch·head ``bh`` (axis 1 of the grid, int64), the offset of its head in Transformer-XL's
+    R (RSTRIDE = 0 when the heads share R), and the key/value head of query head bh (G query heads per key/value
+    head, grouped-query attention)."""
+    bh = tl.program_id(1).to(tl.int64)
+    return bh, (bh % H) * RSTRIDE, (bh // H) * (H // G) + (bh % H) // G
 
 
 @triton.jit
@@ -108,9 +118,7 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
     """out (B·H, Tq, DV), lse2 (B·H, Tq) and, with HAS_VAL, Hv (B·H, Tq, W) for one tile of BM query rows;
     grid (cdiv(Tq, BM), B·H)."""
     m0 = tl.program_id(0) * BM
-    bh = tl.program_id(1).to(tl.int64)
-    roff = (bh % H) * RSTRIDE  # R's head: RSTRIDE = 0 when the heads share it
-    bkv = (bh // H) * (H // G) + (bh % H) // G  # the key/value head of query head bh
+    bh, roff, bkv = _heads(H, G, RSTRIDE)
     offs_m = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
@@ -174,12 +182,10 @@ def flash_forward(Q, K, V, KB, KM, L, QV, R, BIAS, O, LSE, HV,
         acc_h = acc_h * tl.exp2(m_near - m_end)[:, None]
         acc_h += tl.where(wcol[None, :] == 2 * C, (far_hi * tl.exp2(m_hi - m_end))[:, None], 0.0)
         acc_h += tl.where(wcol[None, :] == 0, far_lo[:, None], 0.0)
-    tl.store(O + bh * Tq * DV + offs_m[:, None] * DV + dv[None, :], out.to(O.dtype.element_ty),
-             mask=rows[:, None] & (dv[None, :] < DV))
+    _store_tile(O, bh, offs_m, rows, Tq, DV, dv, out)
     tl.store(LSE + bh * Tq + offs_m, lse, mask=rows)
     if HAS_VAL:
-        tl.store(HV + bh * Tq * W + offs_m[:, None] * W + wcol[None, :], acc_h / l_safe[:, None],
-                 mask=rows[:, None] & (wcol[None, :] < W))
+        _store_tile(HV, bh, offs_m, rows, Tq, W, wcol, acc_h / l_safe[:, None])
 
 
 @triton.jit
@@ -209,9 +215,7 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
     """dk (B·H, Tk, DK), dv (B·H, Tk, DV) and dkb (B·H, Tk) (float32) for one tile of BN keys; grid
     (cdiv(Tk, BN), B·H).  GH: dHv (B·H, Tq, W) float32 with HAS_VAL."""
     n0 = tl.program_id(0) * BN
-    bh = tl.program_id(1).to(tl.int64)
-    roff = (bh % H) * RSTRIDE  # R's head: RSTRIDE = 0 when the heads share it
-    bkv = (bh // H) * (H // G) + (bh % H) // G  # the key/value head of query head bh
+    bh, roff, bkv = _heads(H, G, RSTRIDE)
     offs_n = n0 + tl.arange(0, BN)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
@@ -247,10 +251,8 @@ def flash_backward_kv(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DK_, 
                 ds = p * (dp - delta[:, None])
                 acc_k += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
                 acc_b += tl.sum(ds, 0)
-    tl.store(DK_ + bh * Tk * DK + offs_n[:, None] * DK + dk[None, :], (acc_k * scale).to(DK_.dtype.element_ty),
-             mask=cols[:, None] & (dk[None, :] < DK))
-    tl.store(DV_ + bh * Tk * DV + offs_n[:, None] * DV + dv[None, :], acc_v.to(DV_.dtype.element_ty),
-             mask=cols[:, None] & (dv[None, :] < DV))
+    _store_tile(DK_, bh, offs_n, cols, Tk, DK, dk, acc_k * scale)
+    _store_tile(DV_, bh, offs_n, cols, Tk, DV, dv, acc_v)
     if HAS_KB:
         tl.store(DKB + bh * Tk + offs_n, acc_b, mask=cols)
 
@@ -268,9 +270,7 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
     bias's dS (B·H, Tq, Tk) (float32, left as it is in skipped tiles) for one tile of BM query rows, and its atomic
     adds into dR (HR, Rlen, DR) (float32); grid (cdiv(Tq, BM), B·H)."""
     m0 = tl.program_id(0) * BM
-    bh = tl.program_id(1).to(tl.int64)
-    roff = (bh % H) * RSTRIDE  # R's head: RSTRIDE = 0 when the heads share it
-    bkv = (bh // H) * (H // G) + (bh % H) // G  # the key/value head of query head bh
+    bh, roff, bkv = _heads(H, G, RSTRIDE)
     offs_m = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
@@ -323,13 +323,10 @@ def flash_backward_q(Q, K, V, KB, KM, L, QV, R, BIAS, GH, DO, LSE, DELTA, DQ, DL
                 if HAS_DBIAS:
                     tl.store(DBIAS + bh * Tq * Tk + offs_m[:, None] * Tk + offs_n[None, :], ds,
                              mask=rows[:, None] & cols[None, :])
-    tl.store(DQ + bh * Tq * DK + offs_m[:, None] * DK + dk[None, :], (acc_q * scale).to(DQ.dtype.element_ty),
-             mask=rows[:, None] & (dk[None, :] < DK))
+    _store_tile(DQ, bh, offs_m, rows, Tq, DK, dk, acc_q * scale)
     if HAS_SHAW:
         acc_l += tl.where(wcol[None, :] == 2 * C, far_hi[:, None], 0.0) + tl.where(wcol[None, :] == 0, far_lo[:, None],
                                                                                     0.0)
-        tl.store(DL + bh * Tq * W + offs_m[:, None] * W + wcol[None, :], acc_l,
-                 mask=rows[:, None] & (wcol[None, :] < W))
+        _store_tile(DL, bh, offs_m, rows, Tq, W, wcol, acc_l)
     if HAS_XL:
-        tl.store(DQV + bh * Tq * DR + offs_m[:, None] * DR + dr[None, :], acc_qv.to(DQV.dtype.element_ty),
-                 mask=rows[:, None] & (dr[None, :] < DR))
+        _store_tile(DQV, bh, offs_m, rows, Tq, DR, dr, acc_qv)

@@ -32,7 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_attention.backends.triton_tiles import _keep, _key_mask, _key_range, _query_range, _tile, _visits
+from kernel_attention.backends.triton_tiles import (_keep, _key_mask, _key_range, _query_range, _store_tile, _tile,
+                                                    _visits)
 
 __all__ = ["squared_forward", "squared_backward_kv", "squared_backward_q", "magnitude_keep"]
 
@@ -150,13 +151,10 @@ def squared_backward_kv(FQ, FK, VW, V1, KM, DN, DFK, DVW, DV1, Tq, Tk, F, W, eps
                 dp = tl.where(d, dp, tl.dot(dn2, tl.trans(v1), input_precision=PREC))
             ds = tl.where(keep, 2.0 * s * dp, 0.0)
             acc_k += tl.dot(tl.trans(ds.to(fq.dtype)), fq, input_precision=PREC)
-    tl.store(DFK + bh * Tk * F + offs_n[:, None] * F + df[None, :], acc_k.to(DFK.dtype.element_ty),
-             mask=cols[:, None] & (df[None, :] < F))
-    tl.store(DVW + bh * Tk * W + offs_n[:, None] * W + dw[None, :], acc_v.to(DVW.dtype.element_ty),
-             mask=cols[:, None] & (dw[None, :] < W))
+    _store_tile(DFK, bh, offs_n, cols, Tk, F, df, acc_k)
+    _store_tile(DVW, bh, offs_n, cols, Tk, W, dw, acc_v)
     if HAS_DROP:
-        tl.store(DV1 + bh * Tk * W + offs_n[:, None] * W + dw[None, :], acc_v1.to(DV1.dtype.element_ty),
-                 mask=cols[:, None] & (dw[None, :] < W))
+        _store_tile(DV1, bh, offs_n, cols, Tk, W, dw, acc_v1)
 
 
 @triton.jit
@@ -195,8 +193,7 @@ def squared_backward_q(FQ, FK, VW, V1, KM, DN, DFQ, Tq, Tk, F, W, eps, drop, see
                 dp = tl.where(d, dp, tl.dot(dn2, tl.trans(v1), input_precision=PREC))
             ds = tl.where(keep, 2.0 * s * dp, 0.0)
             acc_q += tl.dot(ds.to(fk.dtype), fk, input_precision=PREC)
-    tl.store(DFQ + bh * Tq * F + offs_m[:, None] * F + df[None, :], acc_q.to(DFQ.dtype.element_ty),
-             mask=rows[:, None] & (df[None, :] < F))
+    _store_tile(DFQ, bh, offs_m, rows, Tq, F, df, acc_q)
 
 
 @triton.jit

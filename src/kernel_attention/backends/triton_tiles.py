@@ -1,5 +1,5 @@
 r"""What the Triton kernels of the ``triton`` backend (:mod:`~kernel_attention.backends.triton_kernels`,
-:mod:`~kernel_attention.backends.triton_squared_kernels`) share: loading a tile, and the filter computed per tile.
+:mod:`~kernel_attention.backends.triton_squared_kernels`) share: loading and storing a tile, and the filter computed per tile.
 
 The filter keeps a pair where its band, its sparse pattern and, with ``HAS_KM``, the key mask (padding) all keep
 it (:mod:`~kernel_attention.backends.triton_filters`), with d = i + off - j, off = Tk - Tq:
@@ -37,6 +37,14 @@ def _tile(X, bh, offs, valid, T, D, d):
     0 where a row is not ``valid`` or a column is past D."""
     return tl.load(X + bh * T * D + offs[:, None] * D + d[None, :], mask=valid[:, None] & (d[None, :] < D),
                    other=0.0)
+
+
+@triton.jit
+def _store_tile(X, bh, offs, valid, T, D, d, x):
+    """Write the tile x (len(offs), len(d)), in X's dtype, to the rows and columns of the (B·H, T, D) tensor X that
+    :func:`_tile` reads: the ``valid`` rows, the columns below D."""
+    tl.store(X + bh * T * D + offs[:, None] * D + d[None, :], x.to(X.dtype.element_ty),
+             mask=valid[:, None] & (d[None, :] < D))
 
 
 @triton.jit
