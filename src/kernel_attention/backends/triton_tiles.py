@@ -1,5 +1,6 @@
 r"""What the Triton kernels of the ``triton`` backend (:mod:`~kernel_attention.backends.triton_kernels`,
-:mod:`~kernel_attention.backends.triton_squared_kernels`) share: loading and storing a tile, and the filter computed per tile.
+:mod:`~kernel_attention.backends.triton_squared_kernels`) share: loading and storing a tile, and the filter
+computed per tile.
 
 The filter keeps a pair where its band, its sparse pattern and, with ``HAS_KM``, the key mask (padding) all keep
 it (:mod:`~kernel_attention.backends.triton_filters`), with d = i + off - j, off = Tk - Tq:
