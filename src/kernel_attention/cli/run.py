@@ -11,13 +11,19 @@ encoder-decoder, decoder self):
 ``none`` cannot reverse (without positions the encoder sees a set); the linear kernel is not a valid
 smoother (k < 0), which Transformer Dissection reports as "did not converge".  Runs use two worker processes
 with one thread each (``--threads``); ``--steps`` and ``--jobs`` trade accuracy for time.
+
+The runs keep no checkpoints (each trains in a temporary folder): Ctrl-C or SIGTERM stops the grid at once, the
+runs in training and those not started alike, and the command exits 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 import time
+from contextlib import contextmanager
 
 from kernel_attention.cli.threads import threads_per_op
 from kernel_attention.machine import numerics
@@ -63,6 +69,36 @@ def config(kind: str, kernel: str, position: str, pe_at_input: bool, steps: int,
     }
 
 
+def _stop(signum, frame):
+    from kernel_attention.training.interrupt import Stopped
+
+    raise Stopped("the grid stopped (its runs keep no checkpoints: the command starts them over)", signum)
+
+
+@contextmanager
+def _stops_at_once():
+    """Within: the first SIGINT or SIGTERM raises :class:`~kernel_attention.training.interrupt.Stopped` here,
+    where the trainer would otherwise stop at its next logged step to write a checkpoint that a demo does not
+    keep (it leaves a handler it did not install alone).  A signal with a handler other than Python's default
+    (a caller's, or ignored, as nohup ignores SIGINT) is left as it is."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, handler in before.items():
+        if handler in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(s, _stop)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _worker_signals():
+    """A worker leaves Ctrl-C, which the terminal sends to every process of the command, to the main process,
+    which terminates the pool (SIGTERM): the worker's run unwinds (its temporary folder removed) and it exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _one(job):
     import tempfile
 
@@ -83,7 +119,7 @@ def _one(job):
 
 def run(args) -> int:
     import math
-    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import Pool
 
     t0 = time.time()
     jobs = []
@@ -91,12 +127,13 @@ def run(args) -> int:
         label = (kernel, "absolute at input (Vaswani)" if at_input else position)
         jobs.append((label, config(args.task, kernel, position, at_input, args.steps, args.seed, args.test_size),
                      args.threads))
-    if args.jobs > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-        with ProcessPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(_one, jobs))
-    else:
-        results = [_one(j) for j in jobs]
+    with _stops_at_once():
+        if args.jobs > 1:
+            os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+            with Pool(args.jobs, initializer=_worker_signals) as pool:  # leaving it terminates the workers
+                results = pool.map(_one, jobs, chunksize=1)
+        else:
+            results = [_one(j) for j in jobs]
     lines = [f"task `{args.task}` (lengths 4-7, 8 symbols), 1+1-layer encoder-decoder d=32, {args.steps} steps, "
              f"seed {args.seed}; test set of {args.test_size}",
              "",
