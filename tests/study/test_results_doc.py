@@ -291,6 +291,24 @@ def test_stops_counts_early_stops_and_step_limits_from_the_rows(tmp_path):
         fill("{{ stops positions-converged / t1-nmt }}", load_manifest(root))
 
 
+def test_finished_counts_the_cells_of_the_sets_grid_that_have_a_row(tmp_path):
+    root = _one_converged_set(tmp_path, better=1.0)
+    study = get_study("dissection-positions")
+    grid, _ = study.cells(StudyOptions(scale="converged"))
+    path = root / "positions-converged" / "runs.csv"
+    rows = read_csv(path)
+
+    def finished() -> str:
+        return fill("{{ finished positions-converged }}", load_manifest(root))
+    assert finished() == f"{len(rows)} of its grid's {len(grid)} cells" and len(rows) < len(grid)
+    have = {r["cell"] for r in rows}
+    rows += [{**rows[0], "table": c.table, "row": c.row, "col": c.col, "seed": c.seed, "cell": c.id}
+             for c in grid if c.id not in have]
+    rows.append({**rows[0], "seed": 9, "cell": "t1-sp__vaswani__sp__s9"})  # outside the grid: not counted
+    write_csv(path, study, rows)
+    assert finished() == f"all {len(grid)} cells of its grid"
+
+
 def test_the_checklist_prefers_a_converged_set(tmp_path):
     root = tmp_path / "results"
     _tiny_set(root, "positions-small", "small", 1, better=5.0)            # one seed: no test

@@ -8,6 +8,9 @@
                                                          not carried over from a twin), in minutes; one mean
                                                          per machine where they ran on several
     {{ cells SET }}                                      the number of runs.csv rows of the set
+    {{ finished SET }}                                   how many cells of the set's grid (its study at its
+                                                         scale, the scale's seeds) have a row: "all 48 cells
+                                                         of its grid", or "30 of its grid's 48 cells"
     {{ stops SET / TABLE }}                              how the table's finished cells stopped: early
                                                          (``train.patience`` validations without a better
                                                          one) or at ``train.max_steps``, and of the latter how
@@ -54,7 +57,7 @@ def _seeds(seeds: list[int]) -> str:
 def _value(manifest: Manifest, expr: str) -> str:
     words = expr.split(None, 1)
     kind, rest = (words[0], words[1] if len(words) > 1 else "") if words and words[0] in (
-        "diff", "wall", "cells", "seeds", "params", "changes", "stops") else ("cell", expr)
+        "diff", "wall", "cells", "finished", "seeds", "params", "changes", "stops") else ("cell", expr)
     parts = [p.strip() for p in rest.split("/")]
     try:
         s = manifest.get(parts[0])
@@ -68,6 +71,8 @@ def _value(manifest: Manifest, expr: str) -> str:
             return _stops(s, parts[1])
         if kind == "cells" and len(parts) == 1:
             return str(len(s.records))
+        if kind == "finished" and len(parts) == 1:
+            return _finished(s)
         if kind == "seeds" and len(parts) == 1:
             return _seeds([int(r["seed"]) for r in s.records])
         if kind == "changes" and len(parts) == 1:
@@ -91,7 +96,7 @@ def _value(manifest: Manifest, expr: str) -> str:
         raise PlaceholderError(f"placeholder {{{{ {expr} }}}}: {e.args[0]}") from None
     raise PlaceholderError(f"placeholder {{{{ {expr} }}}} is none of the forms of "
                            f"kernel_attention.study.placeholders (SET / TABLE / ROW / COL, diff ..., "
-                           f"wall SET [/ TABLE], stops SET / TABLE, cells SET, seeds SET, "
+                           f"wall SET [/ TABLE], stops SET / TABLE, cells SET, finished SET, seeds SET, "
                            f"params SET / TABLE / ROW / COL, changes SET)")
 
 
@@ -120,6 +125,13 @@ def _mean_wall(s, table: str) -> str:
     means = [f"{sum(w) / len(w) / 60:.1f} min on {m or 'a machine not recorded'}" for m, w in by_machine]
     counts = [str(len(w)) for _, w in by_machine]
     return f"{', '.join(means[:-1])} and {means[-1]} ({', '.join(counts[:-1])} and {counts[-1]} cells)"
+
+
+def _finished(s) -> str:
+    """The share of the set's grid that has a row, as :func:`_value`'s ``finished`` form writes it."""
+    grid = {c.id for c in s.study.cells(StudyOptions(scale=s.scale))[0]}
+    done = len(grid & {r["cell"] for r in s.records})
+    return f"all {done} cells of its grid" if done == len(grid) else f"{done} of its grid's {len(grid)} cells"
 
 
 def _grid(s):
