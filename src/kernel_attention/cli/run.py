@@ -79,11 +79,13 @@ def _stop(signum, frame):
 def _stops_at_once():
     """Within: the first SIGINT or SIGTERM raises :class:`~kernel_attention.training.interrupt.Stopped` here,
     where the trainer would otherwise stop at its next logged step to write a checkpoint that a demo does not
-    keep (it leaves a handler it did not install alone).  A signal with a handler other than Python's default
-    (a caller's, or ignored, as nohup ignores SIGINT) is left as it is."""
+    keep (it leaves a handler it did not install alone).  As there, a signal whose handler is not Python's default
+    (a caller's, or ignored, as under nohup) is left as it is."""
+    from kernel_attention.training.interrupt import has_default_handler
+
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s, handler in before.items():
-        if handler in (signal.default_int_handler, signal.SIG_DFL):
+    for s in before:
+        if has_default_handler(s):
             signal.signal(s, _stop)
     try:
         yield

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 
-__all__ = ["StopRequest", "Stopped", "stop_if_asked"]
+__all__ = ["StopRequest", "Stopped", "has_default_handler", "stop_if_asked"]
 
 #: each signal handled, with the handler that is its default in Python and how the messages name it
 _DEFAULTS = {signal.SIGINT: (signal.default_int_handler, "Ctrl-C"), signal.SIGTERM: (signal.SIG_DFL, "SIGTERM")}
@@ -29,6 +29,12 @@ _DEFAULTS = {signal.SIGINT: (signal.default_int_handler, "Ctrl-C"), signal.SIGTE
 
 #: the signal of each request made while a run's handler was in place that the run did not stop on
 _unanswered: list[int] = []
+
+
+def has_default_handler(signum: int) -> bool:
+    """Whether SIGINT or SIGTERM has Python's default handler, the only one replaced here: a handler that a caller
+    installed, or a signal the shell ignores (nohup and background jobs ignore SIGINT), is left alone."""
+    return signal.getsignal(signum) is _DEFAULTS[signum][0]
 
 
 class Stopped(KeyboardInterrupt):
@@ -62,8 +68,8 @@ class StopRequest:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum, (default, _) in _DEFAULTS.items():
-            if signal.getsignal(signum) is default:
+        for signum in _DEFAULTS:
+            if has_default_handler(signum):
                 signal.signal(signum, self._handler)
                 self._installed.append(signum)
 
