@@ -27,8 +27,8 @@ __all__ = ["StopRequest", "Stopped", "has_default_handler", "stop_if_asked"]
 _DEFAULTS = {signal.SIGINT: (signal.default_int_handler, "Ctrl-C"), signal.SIGTERM: (signal.SIG_DFL, "SIGTERM")}
 
 
-#: the signal of each request made while a run's handler was in place that the run did not stop on
-_unanswered: list[int] = []
+#: the signal of a request made while a run's handler was in place that the run did not stop on (None: none)
+_unanswered: int | None = None
 
 
 def has_default_handler(signum: int) -> bool:
@@ -74,17 +74,18 @@ class StopRequest:
                 self._installed.append(signum)
 
     def uninstall(self) -> None:
+        global _unanswered
         for signum in self._installed:
             signal.signal(signum, _DEFAULTS[signum][0])
         self._installed = []
         if self.requested and not self.answered:
-            _unanswered.append(self.signum)
+            _unanswered = _unanswered or self.signum
 
 
 def stop_if_asked(message: str) -> None:
     """Raise :class:`Stopped` with ``message`` when a SIGINT or SIGTERM came during a run that finished all the
     same (after its last logged step); the request is then spent.  For a caller about to start another run."""
-    if _unanswered:
-        signum = _unanswered[0]
-        _unanswered.clear()
+    global _unanswered
+    signum, _unanswered = _unanswered, None
+    if signum is not None:
         raise Stopped(message, signum)
