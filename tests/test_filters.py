@@ -15,6 +15,8 @@ CASES = [("full", {}), ("causal", {}), ("memory", {}), ("memory", {"same_length"
 @pytest.mark.parametrize("tq,tk", [(6, 6), (4, 7)])
 def test_filter_matches_definition(name, params, tq, tk):
     spec = {"name": name, **params}
+    if params == {"same_length": True} and tq == tk:  # its window, the memory present, is empty
+        return
     got = ka.make_filter(spec).mask(tq, tk)
     assert torch.equal(got, filter_keep(name, tq, tk, **params))
 
@@ -45,11 +47,12 @@ def test_fixed_hand_checked():
     assert torch.equal(ka.make_filter("fixed:stride=3").mask(6, 6), expected)
 
 
-@pytest.mark.parametrize("qlen,mlen", [(4, 3), (3, 5), (5, 0)])
+@pytest.mark.parametrize("qlen,mlen,mem_len", [(4, 3, 3), (3, 5, 5), (5, 0, 0), (5, 0, 3), (4, 2, 5), (6, 4, 2)])
 @pytest.mark.parametrize("same_length", [False, True])
-def test_memory_matches_transformer_xl_mask(qlen, mlen, same_length):
-    """kimiyoung/transformer-xl MemTransformerLM._forward's dec_attn_mask (1 = excluded)."""
-    klen, mem_len = qlen + mlen, mlen
+def test_memory_matches_transformer_xl_mask(qlen, mlen, mem_len, same_length):
+    """kimiyoung/transformer-xl MemTransformerLM._forward's dec_attn_mask (1 = excluded): mlen keys of memory
+    present, the model's mem_len (the window of same_length)."""
+    klen = qlen + mlen
     all_ones = torch.ones(qlen, klen)
     if same_length:
         mask_len = klen - mem_len
@@ -57,8 +60,27 @@ def test_memory_matches_transformer_xl_mask(qlen, mlen, same_length):
         excluded = (torch.triu(all_ones, 1 + mlen) + torch.tril(all_ones, -mask_shift_len)).bool()
     else:
         excluded = torch.triu(all_ones, diagonal=1 + mlen).bool()
-    got = ka.make_filter({"name": "memory", "same_length": same_length, "mem_len": mem_len}).mask(qlen, klen)
-    assert torch.equal(got, ~excluded)
+    spec = {"name": "memory", "same_length": same_length} | ({"mem_len": mem_len} if same_length else {})
+    if same_length and mem_len == 0:  # TXL excludes every key there; the filter says why instead
+        assert excluded.all()
+        with pytest.raises(ValueError, match="mem_len=0 must satisfy: >= 1"):
+            ka.make_filter(spec)
+        return
+    filt = ka.make_filter(spec)
+    assert torch.equal(filt.mask(qlen, klen), ~excluded)
+    lo, hi = filt.row_bounds(qlen, klen)
+    assert torch.equal(torch.arange(klen)[None, :].ge(lo[:, None]) & torch.arange(klen)[None, :].lt(hi[:, None]),
+                       ~excluded)
+
+
+def test_memory_filter_refuses_a_window_that_keeps_no_key_or_is_ignored():
+    with pytest.raises(ValueError, match="drop mem_len or add same_length=true"):
+        ka.make_filter("memory:mem_len=4")
+    with pytest.raises(ValueError, match="no memory given"):  # its window defaults to the memory present: none
+        ka.make_filter("memory:same_length=true").mask(5, 5)
+    q = torch.randn(1, 1, 5, 4)
+    with pytest.raises(ValueError, match="no memory given"):
+        ka.attention(q, q, q, mask="memory:same_length=true")
 
 
 def test_memory_is_lower_right_causal_like_pytorch():

@@ -180,8 +180,8 @@ class Causal(Filter):
 
 @FILTERS.register("memory", [
     Param("same_length", bool, False, doc="every query sees the same number of keys (TXL evaluation)"),
-    Param("mem_len", int, None, optional=True, check=lambda x: x >= 0,
-          rule=">= 0; default Tk - Tq, the memory present"),
+    Param("mem_len", int, None, optional=True, check=lambda x: x >= 1,
+          rule=">= 1, with same_length: the keys each query sees; default Tk - Tq, the memory present"),
 ])
 class Memory(Filter):
     """Transformer-XL: the segment's causal set plus the cached memory, S_1 + S_mem.
@@ -196,29 +196,38 @@ class Memory(Filter):
     contiguous = True
 
     def __init__(self, same_length: bool = False, mem_len: int | None = None):
+        if mem_len is not None and not same_length:
+            raise SpecError(f"filter 'memory': mem_len={mem_len} sets the window of same_length=true; without it "
+                            f"every query sees the whole memory given (Tk - Tq keys): drop mem_len or add "
+                            f"same_length=true")
         self.same_length, self.mem_len = same_length, mem_len
         self.kind = None if same_length else "causal"
+
+    def shift(self, tq: int, tk: int) -> int:
+        """With ``same_length``: key j is dropped for query i when j <= i - shift, TXL's ``mask_shift_len``
+        (``mask_len = klen - mem_len``; shift = qlen - mask_len, or qlen when mask_len <= 0)."""
+        mem_len = tk - tq if self.mem_len is None else self.mem_len
+        if mem_len <= 0:
+            why = (f"mem_len={mem_len}" if self.mem_len is not None else
+                   f"no memory given (Tq = {tq}, Tk = {tk}) and no mem_len")
+            raise ValueError(f"filter {self!r}: {why}, so every query would see no key; give the layer a memory "
+                             f"or set mem_len >= 1")
+        mask_len = tk - mem_len
+        return tq - mask_len if mask_len > 0 else tq
 
     def mask(self, tq, tk, device=None, key_mask=None):
         p, j = _grid(tq, tk, device)
         keep = j <= p
         if self.same_length:
-            mem_len = tk - tq if self.mem_len is None else self.mem_len
-            # TXL: mask_len = klen - mem_len; shift = qlen - mask_len (or qlen if mask_len <= 0);
-            # key j is dropped for query i when j <= i - shift.
-            mask_len = tk - mem_len
-            shift = tq - mask_len if mask_len > 0 else tq
             i = torch.arange(tq, device=device).unsqueeze(1)
-            keep = keep & (j > i - shift)
+            keep = keep & (j > i - self.shift(tq, tk))
         return keep
 
     def row_bounds(self, tq, tk, device=None):
         p = _positions(tq, tk, device)
         if not self.same_length:
             return _clip(torch.zeros_like(p), p + 1, tk)
-        mask_len = tk - (tk - tq if self.mem_len is None else self.mem_len)
-        shift = tq - mask_len if mask_len > 0 else tq
-        return _clip(torch.arange(tq, device=device) - shift + 1, p + 1, tk)
+        return _clip(torch.arange(tq, device=device) - self.shift(tq, tk) + 1, p + 1, tk)
 
     def __repr__(self):
         return f"memory(same_length={self.same_length}, mem_len={self.mem_len})"

@@ -231,6 +231,8 @@ def test_filter_predicates_equal_dense_masks(filt):
     from kernel_attention.backends.triton_flash import filter_mask
 
     for tq, tk in [(33, 33), (7, 40), (40, 7), (20, 37)]:
+        if filt == "memory:same_length=true" and tk <= tq:  # its window, the memory present, is empty
+            continue
         q, k, v = (torch.randn(B, H, t, D, device=DEVICE) for t in (tq, tk, tk))
         p = build_problem(q, k, v, "exp", filt, key_mask=_key_mask(tk, empty=False))
         assert resolve_backend("triton").supports(p) is None, filt

@@ -116,10 +116,7 @@ def _tile_filter(p: Problem) -> tuple[TileFilter, Tensor | None] | str:
         elif isinstance(leaf, Local):
             tf = tf.meet(-leaf.window, leaf.window, names=tf.names + (f"local(window={leaf.window})",))
         elif isinstance(leaf, Memory) and leaf.same_length:
-            mem_len = tk - tq if leaf.mem_len is None else leaf.mem_len
-            mask_len = tk - mem_len
-            shift = tq - mask_len if mask_len > 0 else tq
-            tf = tf.meet(0, tf.off + shift - 1, names=tf.names + (repr(leaf),))
+            tf = tf.meet(0, tf.off + leaf.shift(tq, tk) - 1, names=tf.names + (repr(leaf),))
         elif isinstance(leaf, (Strided, Fixed)):
             if tf.pattern != NO_PATTERN:
                 return f"filter {f!r}: two sparse patterns in one intersection"

@@ -73,6 +73,8 @@ class LanguageModel(KernelRegularized, nn.Module):
         super().__init__()
         if mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+        if same_length and mem_len == 0:
+            raise ValueError("same_length=True needs mem_len >= 1: every query sees mem_len keys at evaluation")
         cfg = attention_config(attention, "attention", kernel="exp", position="xl", bias=False,
                                dropout=attention_dropout)
         if d_head is not None:
@@ -152,8 +154,7 @@ class LanguageModel(KernelRegularized, nn.Module):
         x = self.drop(x)
         mask = None
         if self.same_length and not self.training:
-            mask = make_filter({"name": "memory", "same_length": True,
-                                "mem_len": self.mem_len if self.mem_len > 0 else None})
+            mask = make_filter({"name": "memory", "same_length": True, "mem_len": self.mem_len})
         hids, weights = [], []
         for i, layer in enumerate(self.layers):
             hids.append(x)
