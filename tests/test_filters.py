@@ -127,3 +127,37 @@ def test_key_mask_excludes_padding():
     key_mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
     out = ka.attention(q, k, v, key_mask=key_mask)
     torch.testing.assert_close(out[1], ka.attention(q[1:], k[1:, :, :2], v[1:, :, :2])[0])
+
+
+def test_a_kept_mask_is_never_another_filters():
+    """Masks of spec filters are kept per (class, repr, Tq, Tk, device): two instances of a user subclass with
+    other parameters and the base class's repr must each get their own mask, as must two classes of one name."""
+    from kernel_attention.filters import _grid
+
+    class Band(ka.Filter):
+        name = "band"
+
+        def __init__(self, width):
+            self.width = width
+
+        def mask(self, tq, tk, device=None, key_mask=None):
+            p, j = _grid(tq, tk, device)
+            return (p - j).abs() <= self.width
+
+    class Named(Band):
+        def __repr__(self):
+            return f"band(width={self.width})"
+
+    class Diagonal(ka.Filter):
+        name = "band"
+
+        def mask(self, tq, tk, device=None, key_mask=None):
+            return torch.eye(tq, tk, dtype=torch.bool, device=device)
+
+    q, k, v = (torch.randn(1, 1, 6, 4) for _ in range(3))
+    assert not Band(0).by_spec and Named(0).by_spec and Diagonal().by_spec
+    for filters in ([Band(0), Band(5)], [Named(0), Named(5)], [Diagonal(), Band(5)], [Band(5), Diagonal()]):
+        for filt in filters:
+            want = smoother_loop(q, k, v, lambda a, b: kernel_value("exp", a, b),
+                                 keep=filt.mask(6, 6).expand(1, 1, 6, 6))
+            torch.testing.assert_close(ka.attention(q, k, v, mask=filt), want)

@@ -53,8 +53,15 @@ class Filter:
     @property
     def by_spec(self) -> bool:
         """Whether the mask is a function of the filter's spec and (Tq, Tk) alone, given no call-time
-        key mask: no tensor of its own, no padding of the batch (so a mask built for it can be kept)."""
-        return not self.needs_key_mask
+        key mask: no tensor of its own, no padding of the batch (so a mask built for it can be kept, under
+        :attr:`spec_key`).  A subclass with attributes counts only where it defines a ``__repr__``, which must
+        then name every attribute its mask reads."""
+        return not self.needs_key_mask and (type(self).__repr__ is not Filter.__repr__ or not vars(self))
+
+    @property
+    def spec_key(self) -> tuple:
+        """What a kept mask of a :attr:`by_spec` filter is filed under: its class and its repr."""
+        return type(self), repr(self)
 
     def mask(self, tq: int, tk: int, device=None, key_mask: Tensor | None = None) -> Tensor:
         """Boolean (Tq, Tk) or (B, 1, Tq, Tk); True = the key takes part."""

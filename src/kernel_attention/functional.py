@@ -61,7 +61,7 @@ def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None
     """``filt.mask``, kept per (filter, Tq, Tk, device) when it is a function of those alone."""
     if key_mask is not None or not filt.by_spec or tq * tk > _MASK_ELEMENTS or torch.compiler.is_compiling():
         return filt.mask(tq, tk, device, key_mask)
-    key = (repr(filt), tq, tk, str(device))
+    key = (filt.spec_key, tq, tk, str(device))
     keep = _MASKS.get(key)
     if keep is None:
         if len(_MASKS) >= _MASK_ENTRIES:

@@ -78,7 +78,7 @@ def _block_mask(p: Problem, create_block_mask):
     device): a model's layers and steps share one."""
     b, h, tq, tk = p.shape
     by_spec = p.key_mask is None and p.filter is not None and p.filter.by_spec
-    key = (repr(p.filter), tq, tk, str(p.q.device)) if by_spec else None
+    key = (p.filter.spec_key, tq, tk, str(p.q.device)) if by_spec else None
     if key is not None and key in _BLOCK_MASKS:
         return _BLOCK_MASKS[key]
     keep = p.keep
