@@ -212,7 +212,8 @@ def check_broadcast(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> None:
 
 def check_float_mask(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
     """An additive float mask checked (broadcasts to (B, H, Tq, Tk); no NaN or +inf, while -inf drops a key)
-    and given 4 dims, so that every backend indexes it alike; None stays None."""
+    and given 4 dims and q's dtype and device (as a bool mask is moved), so that every backend indexes and adds it
+    alike; None stays None."""
     if t is None:
         return None
     if not t.is_floating_point():
@@ -221,7 +222,7 @@ def check_float_mask(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> Tenso
     check_finite({name: t}, neg_inf=True)
     while t.dim() < 4:
         t = t.unsqueeze(0)
-    return t
+    return t.to(device=q.device, dtype=q.dtype)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,

@@ -10,7 +10,7 @@ from _common import (D, DT, FILTERS, H, POSITIONS, POSITIVE, capable, chosen, cl
 
 import kernel_attention as ka
 from kernel_attention.backends.dispatch import resolve_backend
-from kernel_attention.functional import attention, explain
+from kernel_attention.functional import attention, build_problem, explain
 from kernel_attention.positions import default_positions, make_position
 
 
@@ -186,3 +186,24 @@ def test_gpu_backends_agree():
 @pytest.mark.parametrize("kernel", ["ikan-direct", "mikan"])
 def test_implicit_kernels_share_their_spectral_state(kernel):
     assert _agree_with_dense(kernel, "none", "causal")[0] == "squared"
+
+
+@pytest.mark.parametrize("kernel", ["exp", "poly", "rbf"])
+@pytest.mark.parametrize("which", ["mask", "bias"])
+def test_a_float_mask_of_another_dtype_is_taken_in_qs_dtype_on_every_backend(kernel, which):
+    """A float32 mask or bias beside float64 (or bfloat16) inputs is added in q's dtype, as PyTorch's attention
+    asks of its attn_mask, on every backend that runs the call, weights included."""
+    q, k, v = inputs(5, 6)
+    extra = torch.randn(5, 6, dtype=torch.float32, generator=torch.Generator().manual_seed(3))
+    extra[0, 2] = float("-inf")
+    kw = {"mask": extra} if which == "mask" else {"bias": extra}
+    p = build_problem(q, k, v, kernel, **kw)
+    assert p.terms.bias.dtype == q.dtype
+    ref = attention(q, k, v, kernel, backend="dense", **{key: x.double() for key, x in kw.items()})
+    for name in ["dense", *capable(p)]:
+        close(attention(q, k, v, kernel, backend=name, **kw), ref)
+    out, weights = attention(q, k, v, kernel, need_weights=True, **kw)
+    close(out, ref)
+    assert weights.dtype == q.dtype and weights[..., 0, 2].eq(0).all()
+    low = [x.detach().to(torch.bfloat16) for x in (q, k, v)]
+    assert attention(*low, kernel, need_weights=True, **kw)[0].dtype == torch.bfloat16
