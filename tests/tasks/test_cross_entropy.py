@@ -10,9 +10,9 @@ from kernel_attention.tasks.cross_entropy import label_smoothed_nll
 
 
 def _reference(logits, target, epsilon, ignore_index):
-    """PyTorch's smoothed cross-entropy over the kept tokens, and their mean nll, from float32 logits."""
+    """PyTorch's smoothed cross-entropy over the kept tokens, and their mean nll, from logits in float32 at least."""
     v = logits.shape[-1]
-    x, t = logits.float().reshape(-1, v), target.reshape(-1)
+    x, t = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, v), target.reshape(-1)
     keep = torch.ones_like(t, dtype=torch.bool) if ignore_index is None else t.ne(ignore_index)
     if not keep.any():
         return x.sum() * 0, x.sum() * 0
@@ -52,7 +52,7 @@ def blocks(request, monkeypatch):
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 @pytest.mark.parametrize("ignore_index", [0, None])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_matches_pytorch_cross_entropy_with_gradients(blocks, epsilon, ignore_index, dtype):
     logits = (3 * torch.randn(4, 6, 10)).to(dtype)
     target = torch.randint(1, 10, (4, 6))
@@ -65,12 +65,20 @@ def test_matches_pytorch_cross_entropy_with_gradients(blocks, epsilon, ignore_in
     ref_loss, ref_nll = _reference(y, target, epsilon, ignore_index)
     ref_loss.backward()
     assert n.item() == (24 if ignore_index is None else 21)
-    assert loss.dtype == nll.dtype == torch.float32 and not nll.requires_grad
+    assert loss.dtype == nll.dtype == torch.promote_types(dtype, torch.float32) and not nll.requires_grad
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(nll, ref_nll)
     assert x.grad.dtype == dtype
     torch.testing.assert_close(x.grad, y.grad)
     assert torch.equal(x.detach(), logits)  # the logits are read, not worked on in place
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_gradcheck_in_float64(blocks, epsilon):
+    """The closed-form backward against finite differences of the forward."""
+    x = torch.randn(4, 5, 6, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 6, (4, 5))
+    assert torch.autograd.gradcheck(lambda t: label_smoothed_nll(t, target, epsilon)[0], (x,))
 
 
 def test_nothing_to_score_gives_zeros_not_nan():

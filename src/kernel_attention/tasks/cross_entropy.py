@@ -30,7 +30,8 @@ __all__ = ["label_smoothed_nll"]
 
 # float32 elements per block on the CPU: a few MiB, within a core's share of the cache
 _CPU_BLOCK = 1 << 19
-# exp(x) as exp2(x log2 e): torch's exp2 runs at about twice exp's speed on the CPU, where the loss is bound by it
+# exp(x) as exp2(x log2 e): torch's exp2 is the faster of the two on the CPU, where the loss is bound by it
+# (docs/benchmarks.md)
 _LOG2E = 1.0 / math.log(2.0)
 
 
@@ -43,25 +44,26 @@ def _blocks(x: Tensor) -> tuple[range, int]:
 
 
 class _SmoothedNLL(torch.autograd.Function):
-    """(x (N, V), target (N,) long, keep (N,) bool, epsilon) -> (mean smoothed loss, mean nll), both 0-d float32;
-    the nll is not differentiable (a log for the caller)."""
+    """(x (N, V), target (N,) long, keep (N,) bool, epsilon) -> (mean smoothed loss, mean nll), both 0-d in x's
+    dtype widened to float32 at least; the nll is not differentiable (a log for the caller)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, target: Tensor, keep: Tensor, epsilon: float):
         n, v = x.shape
-        lse = torch.empty(n, dtype=torch.float32, device=x.device)
-        total = torch.empty(n, dtype=torch.float32, device=x.device)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        lse = torch.empty(n, dtype=wide, device=x.device)
+        total = torch.empty(n, dtype=wide, device=x.device)
         starts, rows = _blocks(x)
         for i in starts:
-            xb = x[i:i + rows].to(torch.float32, copy=True)  # worked on in place
+            xb = x[i:i + rows].to(wide, copy=True)  # worked on in place
             torch.sum(xb, -1, out=total[i:i + rows])
             m = xb.amax(-1, keepdim=True)
             m = m.masked_fill(m.isinf(), 0.0)  # a row of -inf has lse -inf, as torch.logsumexp's
             lse[i:i + rows] = xb.sub_(m).mul_(_LOG2E).exp2_().sum(-1).log_().add_(m.squeeze(-1))
-        nll = lse - x.gather(1, target[:, None]).squeeze(1).float()
+        nll = lse - x.gather(1, target[:, None]).squeeze(1).to(wide)
         eps_i = epsilon / (v - 1) if v > 1 else 0.0
         a = 1.0 - epsilon - eps_i
-        w = keep.float() / keep.sum().clamp_min(1)
+        w = keep.to(wide) / keep.sum().clamp_min(1)
         loss = (a * nll + eps_i * (v * lse - total)).mul(w).sum()
         ctx.save_for_backward(x, target, lse, w)
         ctx.coef = (a, eps_i)
@@ -79,7 +81,7 @@ class _SmoothedNLL(torch.autograd.Function):
         starts, rows = _blocks(x)
         for i in starts:
             g = gw[i:i + rows]
-            p = (x[i:i + rows] - lse[i:i + rows, None]).mul_(_LOG2E).exp2_()  # softmax, float32
+            p = (x[i:i + rows] - lse[i:i + rows, None]).mul_(_LOG2E).exp2_()  # softmax, in lse's dtype
             p.mul_(g * (a + v * eps_i)).sub_(g * eps_i)
             p.scatter_add_(1, target[i:i + rows, None], g * -a)
             grad[i:i + rows] = p
@@ -91,8 +93,8 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float = 0.0,
     r"""fairseq's ``label_smoothed_cross_entropy``, averaged over non-ignored tokens (formula in the module
     docstring; PyTorch's ``cross_entropy(label_smoothing=epsilon V / (V - 1))`` is the same loss).
 
-    logits (..., V), target (...) long.  Returns ``(mean smoothed loss, mean nll, n_tokens)``, 0-d tensors (float32,
-    float32, long); the nll carries no gradient.  Nothing to score (every target ignored) gives zeros, not NaN.
+    logits (..., V), target (...) long.  Returns ``(mean smoothed loss, mean nll, n_tokens)``, 0-d tensors (the
+    logits' dtype widened to float32 at least, twice, then long); the nll carries no gradient.  Nothing to score (every target ignored) gives zeros, not NaN.
     """
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} need a target of shape {tuple(logits.shape[:-1])}, "
