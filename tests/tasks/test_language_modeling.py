@@ -56,6 +56,33 @@ def test_memory_is_carried_between_training_segments(tmp_path):
     assert task._mems is not None and task._mems[0].shape == (4, 8, 16)
 
 
+def test_a_resumed_run_goes_on_with_the_memory_an_uninterrupted_one_has(tmp_path):
+    """Checkpoints keep the Transformer-XL memory: a run killed after a checkpoint taken mid-epoch and resumed
+    ends with the weights and records of the run that was not (each epoch has 5 segments; the checkpoint falls
+    after the third)."""
+    import json
+
+    from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
+
+    tasks = {name: config(tmp_path / name) for name in ("full", "part")}
+
+    def run(name, **kw):
+        cfg = TrainConfig(max_steps=8, lr=1e-2, eval_every=4, checkpoint_every=3, log_every=2, progress=False,
+                          seed=1, **kw)
+        return Trainer(build_task(tasks[name]), cfg, tmp_path / name / "run").fit()
+
+    run("full")
+    run("part", stop_after=5)
+    assert load_checkpoint(tmp_path / "part" / "run" / "last.pt")["task_state"][0]["mems"][0].shape == (4, 8, 16)
+    run("part")
+    a, b = (load_checkpoint(tmp_path / name / "run" / "last.pt")["model"] for name in ("full", "part"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    logs = [[{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "steps_per_s", "tokens_per_s")}
+             for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+            for name in ("full", "part")]
+    assert logs[0] == logs[1]
+
+
 def test_lm_bad_configs(tmp_path):
     with pytest.raises(SpecError, match="needs data.dataset"):
         build_task({"task": "lm"})

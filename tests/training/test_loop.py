@@ -50,6 +50,18 @@ def test_resume_is_exact(tmp_path):
     assert best["step"] == min(valid, key=lambda r: r["loss"])["step"] == full["best"]["step"]
 
 
+def test_resume_is_exact_where_a_checkpoint_falls_between_two_train_records(tmp_path):
+    """A checkpoint at step 4 of records every 3 steps: the record at step 6 of the resumed run averages steps 4 to
+    6, as the uninterrupted run's does (the checkpoint keeps the sums of step 4)."""
+    Trainer(ToyTask(reg=True), _cfg(log_every=3), tmp_path / "full").fit()
+    Trainer(ToyTask(reg=True), _cfg(log_every=3, stop_after=5), tmp_path / "part").fit()
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["log_window"]["steps"] == 1
+    Trainer(ToyTask(reg=True), _cfg(log_every=3), tmp_path / "part").fit()
+    ra, rb = _records(tmp_path / "full"), _records(tmp_path / "part")
+    assert [r["step"] for r in ra if r["split"] == "train"] == [3, 6, 9, 10]
+    assert ra == rb
+
+
 def test_run_killed_before_its_first_checkpoint_starts_over_with_a_clean_log(tmp_path):
     """No last.pt yet: the next run starts at step 0, and the killed run's records are dropped,
     so the log holds one run (not a second curve appended to the first)."""

@@ -9,7 +9,8 @@ The training stream is cut into ``batch_size`` contiguous rows (per rank: ``batc
 as TXL's data-parallel split) and read ``tgt_len`` tokens at a time; the model's memory is carried from one
 segment to the next and reset at the start of every epoch.  Evaluation reads a split the same way with the
 ``eval`` lengths (memory length and clamp length are switched for the evaluation only) and reports
-``ppl = exp(sum NLL / tokens)`` and ``loss`` (mean NLL).  A resumed run restarts its memory empty.
+``ppl = exp(sum NLL / tokens)`` and ``loss`` (mean NLL).  Checkpoints keep each rank's memory, so that a resumed
+run goes on with the memory an uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ class LanguageModelingTask(Task):
 
     def batch_tokens(self, batch):
         return int(batch["target"].numel())
+
+    def train_state(self):
+        return {"mems": None if self._mems is None else [m.cpu() for m in self._mems]}
+
+    def load_train_state(self, state):
+        mems = (state or {}).get("mems")
+        self._mems = None if mems is None else [m.to(self.device) for m in mems]
 
     def loss(self, model, batch):
         batch = self.to_device(batch)

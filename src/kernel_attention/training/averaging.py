@@ -33,7 +33,7 @@ __all__ = ["SNAPSHOT", "weights_only", "keep_snapshot", "drop_snapshots_after", 
 SNAPSHOT = "step_{}.pt"
 _SNAPSHOT = re.compile(r"^step_(\d+)\.pt$")
 #: what only a resume needs, left out of snapshots and averages
-_RESUME_ONLY = ("optimizer", "scaler", "rng", "schedule")
+_RESUME_ONLY = ("optimizer", "scaler", "rng", "task_state", "log_window", "schedule")
 
 
 def weights_only(state: dict[str, Any]) -> dict[str, Any]:

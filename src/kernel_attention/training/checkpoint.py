@@ -11,16 +11,19 @@ dict taken at the evaluation with the best selection metric so far)::
       "scaler":    GradScaler state_dict or None,
       "rng":       [per rank: {"python": random.getstate(), "numpy": {...}, "torch": ByteTensor,
                                "cuda": [ByteTensor per device] or None}],
+      "task_state": [per rank: Task.train_state(), e.g. {"mems": a Transformer-XL memory} or None],
       "step":      optimiser updates made,
       "epoch":     current epoch (0-based),
       "position":  micro-batches of this epoch already consumed,
+      "log_window": {"sums": {log: sum}, "steps": int, "tokens": int} of the updates since the last train record,
       "best":      {"metric": name, "value": float or None, "step": int or None},
+      "stale_evals": evaluations since best improved, "finished": bool, "elapsed_s": seconds trained,
       "config":    the TrainConfig as a dict,
       "extra":     free dict (e.g. the task / model config, vocab) for later loading,
     }
 
 The snapshots ``step_<k>.pt`` and an averaged ``average.pt`` (:mod:`.averaging`) are the same dict without
-``optimizer``, ``scaler``, ``rng`` and ``schedule`` (``average.pt`` adds ``averaged``: the steps it averages): they
+``optimizer``, ``scaler``, ``rng``, ``task_state``, ``log_window`` and ``schedule`` (``average.pt`` adds ``averaged``: the steps it averages): they
 load for evaluation, not for a resume.
 
 Every value is a tensor or plain Python, so the file loads with ``torch.load(weights_only=True)``.

@@ -37,7 +37,8 @@ the seconds the run has trained, counted on across resumes: a checkpoint keeps t
 (``elapsed_s``) and a resumed run adds on from there.
 
 Exact resume: with ``resume=True`` and a ``last.pt`` in ``run_dir``, the trainer restores weights,
-optimiser, scaler, every RNG (per rank), the step, the epoch and the micro-batch position inside it,
+optimiser, scaler, every RNG and the task's training state (per rank: a Transformer-XL memory), the step, the
+epoch and the micro-batch position inside it, the sums of the updates since the last train record,
 drops ``metrics.jsonl`` lines written after that checkpoint, and continues; the result is identical to an
 uninterrupted run.  A finished run resumed with a larger ``max_steps`` trains on from its end, its end-of-run
 records dropped: the longer run, where the schedule does not depend on ``max_steps`` and the old limit was
@@ -136,6 +137,9 @@ class Trainer:
         self.resumed_from: int | None = None
         self.resumed_elapsed = 0.0  # seconds of training up to the checkpoint resumed from
         self._t0: float | None = None  # when fit() began in this process
+        # the updates since the last train record: the sums of their logs, their count and their tokens (a
+        # checkpoint between two records keeps them, so that the next record averages the same updates)
+        self._window: tuple[dict, int, int] = ({}, 0, 0)
         if resume and (self.run_dir / "last.pt").is_file():
             ck = load_checkpoint(self.run_dir / "last.pt", map_location=self.device)
             if resume_check is not None:
@@ -152,14 +156,19 @@ class Trainer:
         self._last_eval_step: int | None = None
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def state(self, rng: list[dict] | None = None) -> dict[str, Any]:
+    def state(self, ranks: list[tuple] | None = None) -> dict[str, Any]:
+        """The checkpoint's dict; ``ranks``: each rank's ``(RNG state, task.train_state())`` (default: this
+        rank's only)."""
+        ranks = ranks if ranks is not None else [self._rank_state()]
         return {
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "schedule": {"spec": self.config.schedule, "lr": self.schedule(max(self.step - 1, 0))},
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "rng": rng if rng is not None else [get_rng_state()],
+            "rng": [rng for rng, _ in ranks], "task_state": [task for _, task in ranks],
             "step": self.step, "epoch": self.epoch, "position": self.position,
+            "log_window": {"sums": {k: float(v) for k, v in self._window[0].items()}, "steps": self._window[1],
+                           "tokens": self._window[2]},
             "best": dict(self.best), "stale_evals": self.stale_evals, "finished": self.finished,
             "elapsed_s": self.elapsed(),
             "config": self.config.to_dict(), "extra": self.extra,
@@ -168,14 +177,17 @@ class Trainer:
     def save(self, name: str = "last.pt", snapshot: bool = False) -> None:
         """Write ``run_dir/name``, and with ``snapshot`` and ``keep_last`` its weights as ``step_<k>.pt``
         (:mod:`.averaging`); a collective call (every rank contributes its RNG state)."""
-        rng = D.all_gather_object(get_rng_state())
+        ranks = D.all_gather_object(self._rank_state())
         if self.is_main:
-            state = self.state(rng)
+            state = self.state(ranks)
             if snapshot and self.config.keep_last:  # first: a kill between the two is redone from an older last.pt
                 keep_snapshot(self.run_dir, state, self.config.keep_last)
             save_checkpoint(self.run_dir / name, state)
         D.barrier()
         self._saved_at = time.time()
+
+    def _rank_state(self) -> tuple:
+        return get_rng_state(), self.task.train_state()
 
     def _restore(self, ck: dict[str, Any]) -> None:
         load_model_state(self.raw_model, ck["model"], self.run_dir / "last.pt")
@@ -187,6 +199,10 @@ class Trainer:
             warnings.warn(f"checkpoint holds RNG states of {len(rngs)} ranks, running with "
                           f"{self.info.world_size}: resume is not bit-exact")
         set_rng_state(rngs[self.info.rank % len(rngs)])
+        tasks = ck.get("task_state") or [None]  # checkpoints from before it: the task starts its state afresh
+        self.task.load_train_state(tasks[self.info.rank] if len(tasks) == self.info.world_size else None)
+        window = ck.get("log_window", {"sums": {}, "steps": 0, "tokens": 0})
+        self._window = (dict(window["sums"]), window["steps"], window["tokens"])
         self.step, self.epoch, self.position = ck["step"], ck["epoch"], ck["position"]
         self.best, self.finished = dict(ck["best"]), bool(ck.get("finished", False))
         self.stale_evals = int(ck.get("stale_evals", 0))
@@ -325,8 +341,8 @@ class Trainer:
         self.metrics.open()
         bar, lines = progress_display(self.config.progress, self.planned_steps, self.step, self.is_main,
                                       getattr(self.task, "throughput_unit", "tokens"))
-        acc: dict[str, float] = {}
-        t_last, steps_since, tokens_since = time.time(), 0, 0
+        acc, steps_since, tokens_since = self._window
+        t_last = time.time()
         interrupt = StopRequest(announce=self.is_main)
         interrupt.install()
         try:
@@ -343,6 +359,7 @@ class Trainer:
                         acc[k] = acc.get(k, 0.0) + v
                     steps_since += 1
                     tokens_since += self._tokens
+                    self._window = acc, steps_since, tokens_since
                     bar.update(1)
                     since_save, stop = None, False  # seconds since last.pt (the ranks' mean); Ctrl-C on a rank
                     if self.step % c.log_every == 0 or self._done():
@@ -364,6 +381,7 @@ class Trainer:
                             lines.update(self.step, vals["loss"], vals["lr"], rate.get("tokens_per_s"),
                                          rate["steps_per_s"], final=self._done())
                         acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
+                        self._window = acc, steps_since, tokens_since
                     if c.eval_every and self.step % c.eval_every == 0:
                         self._validate()
                     periodic = bool(c.checkpoint_every) and self.step % c.checkpoint_every == 0

@@ -90,6 +90,16 @@ class Task(abc.ABC):
     def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
         """Metrics of ``model`` on ``split`` ("valid" or "test")."""
 
+    def train_state(self) -> dict[str, Any] | None:
+        """What this rank's training carries from one update to the next besides the model, the optimiser and
+        the RNGs (a Transformer-XL memory), for the checkpoint: tensors on the CPU and plain Python; None when
+        nothing."""
+        return None
+
+    def load_train_state(self, state: dict[str, Any] | None) -> None:
+        """Take back what :meth:`train_state` gave, on resume (None: a checkpoint without it, or written by
+        another number of ranks: start afresh)."""
+
     def num_batches(self, epoch: int, rank: int = 0, world_size: int = 1) -> int | None:
         """Number of micro-batches ``train_batches`` yields, if known (for the progress bar's ETA)."""
         return None
