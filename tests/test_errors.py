@@ -27,6 +27,25 @@ def test_shape_errors_name_the_problem():
         ka.attention(q.long(), k, v)
 
 
+@pytest.mark.parametrize("bad,match", [({"dropout": -0.1}, r"dropout .* \[0, 1\), got -0.1"),
+                                       ({"dropout": 1.0}, r"\[0, 1\), got 1.0"),
+                                       ({"axes": 0}, "axes must be an integer >= 1, got 0"),
+                                       ({"n_heads": 0}, "n_heads must be an integer >= 1, got 0"),
+                                       ({"d_model": 8.0}, "d_model must be an integer >= 1, got 8.0")])
+def test_the_layer_refuses_bad_sizes_when_it_is_built(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ka.KernelAttention(**{"d_model": 8, "n_heads": 2, **bad})
+
+
+def test_the_layer_names_the_widths_it_takes():
+    layer = ka.KernelAttention(8, 2, kdim=6)
+    with pytest.raises(ValueError, match=r"query \(B, Tq, 7\).*d_model=8"):
+        layer(torch.randn(1, 5, 7), torch.randn(1, 4, 6))
+    with pytest.raises(ValueError, match=r"key \(B, Tk, 8\).*kdim=6"):
+        layer(torch.randn(1, 5, 8), torch.randn(1, 4, 8))
+    assert layer(torch.randn(1, 5, 8), torch.randn(1, 4, 6)).shape == (1, 5, 8)
+
+
 def test_masks_that_do_not_fit():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="does not fit"):

@@ -68,6 +68,11 @@ class KernelAttention(nn.Module):
                  axes: int = 1, dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
                  kv_heads: int | None = None, backend="auto"):
         super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("axes", axes)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise SpecError(f"dropout (of the attention weights) must be in [0, 1), got {dropout!r}")
         kv_heads = n_heads if kv_heads is None else kv_heads
         if not (isinstance(kv_heads, int) and kv_heads >= 1 and n_heads % kv_heads == 0):
             raise SpecError(f"kv_heads must be a divisor of n_heads={n_heads} (grouped-query attention), "
@@ -157,6 +162,9 @@ class KernelAttention(nn.Module):
             key = torch.cat([memory, key], dim=1)
         if query.dim() != 3 or key.dim() != 3:
             raise ValueError(f"query and key must be (B, T, d_model), got {tuple(query.shape)} and {tuple(key.shape)}")
+        if query.shape[-1] != self.d_model or key.shape[-1] != self.v_proj.in_features:
+            raise ValueError(f"query (B, Tq, {query.shape[-1]}) and key (B, Tk, {key.shape[-1]}): this layer takes "
+                             f"query width d_model={self.d_model} and key width kdim={self.v_proj.in_features}")
         tq, tk = query.shape[1], key.shape[1]
         if query_offset is not None and (pos_q is not None or self.axes != 1):
             raise ValueError("query_offset places the default query positions of one axis; got pos_q as well"
