@@ -208,11 +208,6 @@ def pad_last(x: Tensor, d: int) -> Tensor:
     return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
 
 
-def as_float_mask(keep: Tensor, dtype) -> Tensor:
-    """0 where the key takes part, -inf elsewhere."""
-    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
-
-
 def per_head_key_features(p: Problem) -> bool:
     """Whether ``product``'s positional key features differ per query head: a backend that runs grouped
     key/value heads on kernel features repeats them then, since the key side is per query head."""

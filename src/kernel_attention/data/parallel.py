@@ -160,9 +160,6 @@ class TranslationBatch:
     tgt_out: torch.Tensor
     index: torch.Tensor
 
-    def num_tokens(self) -> int:
-        return int(self.src.numel() if self.src.numel() > self.tgt_in.numel() else self.tgt_in.numel())
-
 
 def collate(src, tgt, index, pad_id: int, bos_id: int, eos_id: int) -> TranslationBatch:
     bos, eos = torch.tensor([bos_id]), torch.tensor([eos_id])

@@ -22,7 +22,7 @@ from kernel_attention.positions.encodings import sinusoid
 from kernel_attention.filters import make_filter
 from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
-from kernel_attention.registry import SpecError, parse_spec
+from kernel_attention.registry import SpecError
 
 __all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
            "share_xl_biases", "KernelRegularized"]
@@ -64,12 +64,6 @@ def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
     return cfg
-
-
-def position_name(cfg: Mapping[str, Any]) -> str:
-    """The registered name of a config's positional scheme."""
-    position = cfg.get("position", "none")
-    return position.name if isinstance(position, nn.Module) else parse_spec(position)[0]
 
 
 def with_position_param(cfg: dict[str, Any], name: str, key: str, value: Any) -> dict[str, Any]:

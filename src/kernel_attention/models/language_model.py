@@ -114,9 +114,6 @@ class LanguageModel(KernelRegularized, nn.Module):
             self.u, self.v = pair
         self.finish_kernels()
 
-    def init_mems(self) -> list[Tensor] | None:
-        return None
-
     def _update_mems(self, hids: list[Tensor], mems: list[Tensor] | None) -> list[Tensor] | None:
         if self.mem_len == 0:
             return None
