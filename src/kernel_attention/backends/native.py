@@ -6,8 +6,8 @@ trips around its products, and the forward gives each slice to the flash kernel 
 The compiled loops run the same ATen products with fused passes per slice (the soft-max and its lse in the
 forward; P by exp2 and dS in the backward) and no interpreter in between.
 
-It is compiled by :func:`torch.utils.cpp_extension.load` the first time the sliced path runs (about 20 s
-on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), with
+It is compiled by :func:`torch.utils.cpp_extension.load` the first time the sliced path runs (once, then
+cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), with
 ``-march=native``: the cache entry's name carries a hash of the CPU's model and flags (and of the torch it
 builds against), so that a home directory shared by different machines never loads code built for another
 instruction set.  Without a compiler, or when the build fails, the Python loop runs (same results) and

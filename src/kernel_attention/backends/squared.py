@@ -36,8 +36,8 @@ dP = D ⊙ dN1 V'^T + (1 - D) ⊙ dN2 V1^T: two more thin products per block.
 
 **Layout.**  A block's (rows, keys) tensors are formed key-major, as their transposes (B, H, |C|, |R|):
 s^T = phi[C] phi_q[R]^T, and every product then reads them in the order the CPU's matrix kernels take
-fastest -- N_R = (V'_C^T P^T)^T, dV'_C = P^T dN_R (about 3x faster than row-major for the products with
-P; docs/benchmarks.md, "Figures behind the design").
+fastest -- N_R = (V'_C^T P^T)^T, dV'_C = P^T dN_R (faster than row-major for the products with P;
+docs/benchmarks.md, "Figures behind the design").
 
 **Range.**  w_j underflows where m_j lies far below the largest kept m.  :func:`key_spread` measures
 max - min of m over the keys some query keeps; :func:`squared_route` takes this path only while it is

@@ -10,7 +10,7 @@ features with Shaw's clipped tables (:func:`shaw_terms`), Transformer-XL's term 
 kernel in squared form (:func:`squared_why_not`) without positional terms.
 
 :func:`compile_check` compiles the kernels of an eager call's specialisation before its forward runs, the
-backward's with them, so that a Triton release that cannot compile them (Triton 3.6 rejected code that 3.9
+backward's with them, so that a Triton release that cannot compile them (Triton 3.6 rejects code that 3.9
 compiles) raises :class:`~kernel_attention.backends.KernelCompileError` while ``auto`` can still run the call on
 another backend, rather than Triton's error in the middle of a backward pass.
 """

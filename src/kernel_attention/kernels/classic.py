@@ -154,13 +154,15 @@ class PeriodicKernel(SDPAFeatures, Kernel):
         return SDPAForm(self.features(q), self.features(k), 1.0 / self.lengthscale ** 2)
 
 
-#: Highest polynomial degree accepted: 16^32 = 2^128 is float32's largest power of two.
+#: Highest polynomial degree accepted: <a,b>^32 stays finite in float32 while |<a,b>| < 16 (16^32 = 2^128 is just
+#: past float32's largest value, (2 - 2^-23) 2^127).
 MAX_DEGREE = 32
 
 
 @KERNELS.register("poly", [
     Param("degree", int, 2, check=lambda x: 1 <= x <= MAX_DEGREE,
-          rule=f"1..{MAX_DEGREE}; <a,b>^degree overflows float32 beyond it for |<a,b>| >= 16"),
+          rule=f"1..{MAX_DEGREE}; <a,b>^degree overflows float32 once |<a,b>|^degree >= 2^128 (|<a,b>| >= 16 "
+               f"at degree {MAX_DEGREE})"),
 ])
 class PolyKernel(FeatureMap, Kernel):
     """Homogeneous polynomial kernel <a,b>^degree (Table 2: degree 2, no constant, no sqrt(d)).

@@ -226,7 +226,7 @@ class XLPosition(PositionScheme):
         d = q.shape[-1]
         scale = 1.0 / math.sqrt(d)
         # u·k as a product and a sum, not an einsum: the einsum's backward is an outer product through bmm and a
-        # permuting copy, about 3x slower
+        # permuting copy (docs/benchmarks.md, "Figures behind the design")
         u = (self.u.to(q.dtype) * scale).view(k.shape[1], -1, 1, d)  # (H_kv, H / H_kv, 1, d): u by key head
         key_bias = (k.unsqueeze(2) * u).sum(-1).flatten(1, 2).unsqueeze(-2)  # (B, H, 1, Tk)
         qv = torch.add((self.v.to(q.dtype) * scale)[None, :, None, :], q, alpha=scale)  # (q + v)·scale, one pass

@@ -209,7 +209,7 @@ _REG_PAPER_ROWS = {"gp_rbf": "0.060±0.003 0.174±0.052 0.234±0.045 0.178±0.01
                    "ikan_direct": "0.055±0.002 0.110±0.039 0.118±0.038 0.111±0.018 0.018±0.004",
                    "mikan": "0.055±0.002 0.142±0.044 0.108±0.029 0.108±0.015 0.037±0.004"}
 _REG_PAPER = {(r, ds): v for r, line in _REG_PAPER_ROWS.items() for (ds, _), v in zip(_REG_DS, line.split())}
-_P_SWEEP = (0.1, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)   # Fig. 4's p, at both scales (a Housing cell: ~15 s small)
+_P_SWEEP = (0.1, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)   # Fig. 4's p, at both scales
 _P_DS = "housing"
 
 
@@ -237,14 +237,9 @@ def _build_reg(opts: StudyOptions):
         shrink.append(f"splits: the first {splits} of the 10 random 90/10 splits")
     if small:
         shrink += _describe(SMALL_REG, "regression")
-        shrink.append("Parkinsons is one attention sequence of 5,875 rows: its cells took 2-3 min (Transformer) and "
-                      "26-31 min (IKAN-direct, MIKAN, with the former dropout on the weights) each, two or three study "
-                      "processes on a 2-core CPU, one thread each; the other columns' cells under 2 min; the GP rows "
-                      "factorise its 5,287 training rows' kernel matrix at every step and evaluation, O(N^3): GP (RBF) "
-                      "48 min per cell (three processes on the 2 cores, about 28 s per epoch), GP (SM) 49-53 min (two "
-                      "processes, 22-30 s per epoch; about 10 GB of memory each then: its 4 mixtures' N x N "
-                      "terms, kept for the backward pass; the kernel's own backward, added since, keeps none: 5 GB, "
-                      "2 GB with KERNEL_ATTENTION_MALLOC=system)")
+        shrink.append("Parkinsons, one attention sequence of 5,875 rows, is the slow column: tens of minutes per "
+                      "implicit or GP cell on one CPU thread (the CSV's `wall_s`); an exact GP factorises its "
+                      "training rows' kernel matrix, O(N^3), at every step and evaluation")
     return cells, shrink
 
 
