@@ -128,6 +128,19 @@ def test_a_resume_with_another_config_names_the_keys_and_needs_a_flag(trained, c
     assert "--allow-config-change" in _help(["train"], capsys)
 
 
+def test_a_resume_that_writes_out_a_default_is_the_same_run(trained, capsys):
+    """A key set to the value its section gives when it is left out (train.weight_decay, train.seed, the model's
+    attention_dropout, the top-level seed) is no change; a change names the old value the run trained with."""
+    cfg, run_dir = trained
+    from kernel_attention.training import TrainConfig
+    wd = TrainConfig(max_steps=1).weight_decay
+    assert main(["train", cfg, f"train.weight_decay={wd}", "train.seed=0", "seed=0", "model.attention_dropout=0.0",
+                 "model.name=translation", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["train", cfg, "train.weight_decay=0.5", "--run-dir", str(run_dir)]) == 2
+    assert f"train.weight_decay: {wd!r} -> 0.5" in one_line(capsys.readouterr().err)
+
+
 def test_a_full_disk_says_no_space_left_on_device(tmp_path, capsys, monkeypatch):
     import kernel_attention.training.checkpoint as checkpoint
 

@@ -96,13 +96,13 @@ def test_shipped_configs_are_valid(capsys):
     """Every YAML under configs/ passes the up-front checks (names, combinations), data files aside."""
     from kernel_attention.config import load_config
     from kernel_attention.tasks import TASKS, build_task
-    from kernel_attention.tasks.runner import _train_config
+    from kernel_attention.tasks.runner import train_config
 
     paths = sorted((ROOT / "configs").rglob("*.yaml"))
     assert paths, "no configs shipped"
     for path in paths:
         cfg = load_config(path)
-        _train_config(cfg)
+        train_config(cfg)
         TASKS.validate(cfg["task"])
         if cfg["task"]["name"] != "synthetic":   # synthetic tasks draw their data on construction: skip
             build_task(cfg)                      # (loads no data: datasets are read lazily)

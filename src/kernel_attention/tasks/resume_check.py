@@ -50,10 +50,33 @@ def _free(key: str) -> bool:
     return any(key.startswith(k) if k.endswith(".") else key == k for k in FREE_KEYS)
 
 
+def _filled(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with the defaults of its ``train`` section (every TrainConfig field), its ``model`` section (the
+    task's model and each of its parameters) and ``seed`` written out, so that a key set to its default is no
+    change; a section that no longer validates stays as written."""
+    from kernel_attention.models import MODELS
+    from kernel_attention.tasks import build_task
+    from kernel_attention.tasks.runner import train_config
+
+    out = dict(cfg)
+    out["seed"] = cfg.get("seed", 0) or 0
+    try:
+        out["train"] = train_config(cfg).to_dict()
+    except (ValueError, TypeError):
+        pass
+    try:
+        name, params = MODELS.validate(build_task(cfg).model_spec)
+        out["model"] = {"name": name, **params}
+    except (ValueError, TypeError, AttributeError, FileNotFoundError):
+        pass
+    return out
+
+
 def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(dotted key, old value, new value)`` for each key that differs (a missing key's value is
-    ``None``), leaving out :data:`FREE_KEYS`; sorted by key."""
-    a, b = _flat(old), _flat(new)
+    """``(dotted key, old value, new value)`` for each key that differs, defaults filled in where the config's
+    sections give them (a key missing from both the config and its section's defaults has the value ``None``),
+    leaving out :data:`FREE_KEYS`; sorted by key."""
+    a, b = _flat(_filled(old)), _flat(_filled(new))
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
             if not _free(k) and not _same(a.get(k), b.get(k))]
 

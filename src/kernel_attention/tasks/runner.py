@@ -29,10 +29,11 @@ from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
 from kernel_attention.training.checkpoint import load_model_state
 from kernel_attention.training.task import Task
 
-__all__ = ["prepare", "train", "load_run", "run_dir_of", "build_checked", "build_run", "merge_overrides"]
+__all__ = ["prepare", "train", "train_config", "load_run", "run_dir_of", "build_checked", "build_run", "merge_overrides"]
 
 
-def _train_config(cfg: Mapping[str, Any]) -> TrainConfig:
+def train_config(cfg: Mapping[str, Any]) -> TrainConfig:
+    """The config's TrainConfig: its ``train`` section, with the top-level ``seed`` where the section has none."""
     section = dict(cfg.get("train") or {})
     if "seed" in cfg and "seed" not in section:
         section["seed"] = int(cfg["seed"])
@@ -43,7 +44,7 @@ def _train_config(cfg: Mapping[str, Any]) -> TrainConfig:
 
 def prepare(cfg: Mapping[str, Any], check_model: bool = True) -> tuple[Task, TrainConfig]:
     """The task and TrainConfig of a config, after checking everything that can be checked up front."""
-    train_cfg = _train_config(cfg)
+    train_cfg = train_config(cfg)
     task = build_task(cfg)
     if check_model:
         if hasattr(task, "prepare_data"):
