@@ -31,10 +31,20 @@ def test_shape_errors_name_the_problem():
                                        ({"dropout": 1.0}, r"\[0, 1\), got 1.0"),
                                        ({"axes": 0}, "axes must be an integer >= 1, got 0"),
                                        ({"n_heads": 0}, "n_heads must be an integer >= 1, got 0"),
-                                       ({"d_model": 8.0}, "d_model must be an integer >= 1, got 8.0")])
+                                       ({"d_model": 8.0}, "d_model must be an integer >= 1, got 8.0"),
+                                       ({"symmetric": "maybe"}, "symmetric: bool: cannot read 'maybe'"),
+                                       ({"bias": 2}, "bias: bool got 2"),
+                                       ({"backend": "fastest"}, "unknown backend 'fastest'; accepted: .*; or 'auto'"),
+                                       ({"backend": "blockwise:block=5"}, "block=5 must satisfy: >= 1024")])
 def test_the_layer_refuses_bad_sizes_when_it_is_built(bad, match):
     with pytest.raises(ValueError, match=match):
         ka.KernelAttention(**{"d_model": 8, "n_heads": 2, **bad})
+
+
+def test_the_layer_reads_booleans_as_the_configs_write_them():
+    assert not ka.KernelAttention(8, 2, symmetric="false").symmetric
+    layer = ka.KernelAttention(8, 2, symmetric="true", bias="no")
+    assert layer.k_proj is layer.q_proj and layer.q_proj.bias is None
 
 
 def test_the_layer_names_the_widths_it_takes():
@@ -44,6 +54,10 @@ def test_the_layer_names_the_widths_it_takes():
     with pytest.raises(ValueError, match=r"key \(B, Tk, 8\).*kdim=6"):
         layer(torch.randn(1, 5, 8), torch.randn(1, 4, 8))
     assert layer(torch.randn(1, 5, 8), torch.randn(1, 4, 6)).shape == (1, 5, 8)
+    with pytest.raises(TypeError, match="floating-point features, got torch.int64"):
+        layer(torch.ones(1, 5, 8, dtype=torch.long), torch.randn(1, 4, 6))
+    with pytest.raises(ValueError, match=r"memory must be \(B=1, M, 6\).*got \(2, 3, 6\)"):
+        layer(torch.randn(1, 5, 8), torch.randn(1, 4, 6), memory=torch.randn(2, 3, 6))
 
 
 def test_masks_that_do_not_fit():

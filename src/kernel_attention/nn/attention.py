@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.positions.encodings import as_positions, make_encoding
+from kernel_attention.backends.dispatch import AUTO, resolve_backend
 from kernel_attention.filters import Padding, make_filter
 from kernel_attention.functional import attention as kernel_attention_fn, check_broadcast
 from kernel_attention.kernels import make_kernel
@@ -35,6 +36,7 @@ __all__ = ["KernelAttention", "VALUE_POSITIONS"]
 #: Value functions: "none" = f W_v (Eq. 8), "absolute" = (f + t) W_v (Eq. 7), "relative" = Shaw's a^V.
 VALUE_POSITIONS = ("none", "absolute", "relative")
 _value_param = Param("value_position", (str, bool), choices=VALUE_POSITIONS + (True, False))
+_symmetric_param, _bias_param = Param("symmetric", bool), Param("bias", bool)
 
 
 class KernelAttention(nn.Module):
@@ -73,6 +75,13 @@ class KernelAttention(nn.Module):
                 raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise SpecError(f"dropout (of the attention weights) must be in [0, 1), got {dropout!r}")
+        symmetric = _symmetric_param.coerce(symmetric, "KernelAttention")
+        bias = _bias_param.coerce(bias, "KernelAttention")
+        if backend != AUTO:  # an unknown name or a bad parameter fails here, not at the first call
+            try:
+                resolve_backend(backend)
+            except SpecError as e:
+                raise SpecError(f"KernelAttention: {e}; or 'auto', the default") from None
         kv_heads = n_heads if kv_heads is None else kv_heads
         if not (isinstance(kv_heads, int) and kv_heads >= 1 and n_heads % kv_heads == 0):
             raise SpecError(f"kv_heads must be a divisor of n_heads={n_heads} (grouped-query attention), "
@@ -159,9 +168,14 @@ class KernelAttention(nn.Module):
         self_attention = key is None
         key = query if key is None else key
         if memory is not None:
+            if memory.dim() != 3 or memory.shape[0] != key.shape[0] or memory.shape[2] != key.shape[-1]:
+                raise ValueError(f"memory must be (B={key.shape[0]}, M, {key.shape[-1]}), the keys' batch and width; "
+                                 f"got {tuple(memory.shape)}")
             key = torch.cat([memory, key], dim=1)
         if query.dim() != 3 or key.dim() != 3:
             raise ValueError(f"query and key must be (B, T, d_model), got {tuple(query.shape)} and {tuple(key.shape)}")
+        if not (query.is_floating_point() and key.is_floating_point()):
+            raise TypeError(f"query and key must be floating-point features, got {query.dtype} and {key.dtype}")
         if query.shape[-1] != self.d_model or key.shape[-1] != self.v_proj.in_features:
             raise ValueError(f"query (B, Tq, {query.shape[-1]}) and key (B, Tk, {key.shape[-1]}): this layer takes "
                              f"query width d_model={self.d_model} and key width kdim={self.v_proj.in_features}")
