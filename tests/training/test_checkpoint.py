@@ -65,6 +65,8 @@ def test_cuda_generator_states_are_restored_per_device_from_cpu_tensors(monkeypa
 @pytest.mark.parametrize("content, message", [
     (b"", "is empty \\(0 bytes\\)"),
     (bytes(range(256)) * 4, "is damaged or not a PyTorch file"),
+    (b"task: {name: lm}\ntrain: {max_steps: 3}\n", "is damaged or not a PyTorch file"),  # a config.yaml
+    (b"import torch\nprint(torch.ones(2))\n", "is damaged or not a PyTorch file"),
     ("half", "is damaged \\(truncated or overwritten\\?\\)"),
 ])
 @pytest.mark.parametrize("mmap", [False, True])

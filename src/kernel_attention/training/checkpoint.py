@@ -43,6 +43,7 @@ import os
 import pickle
 import random
 import shutil
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                                   f"which are refused because loading them could run code ({name}); "
                                   "only load such a file from a source you trust, with torch.load", path) from None
         raise CheckpointError(f"checkpoint {path} is damaged or not a PyTorch file (it does not unpickle)", path) from None
+    except (LookupError, ValueError, TypeError, AttributeError, struct.error) as e:
+        # the unpickler reads other bytes (a YAML file, text) as opcodes until one fails in any of these ways
+        raise CheckpointError(f"checkpoint {path} is damaged or not a PyTorch file (it does not unpickle: "
+                              f"{type(e).__name__})", path) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         detail = str(e).splitlines()[0].split(". ")[0] if str(e) else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is damaged (truncated or overwritten?): {detail}", path) from None
