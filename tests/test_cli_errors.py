@@ -57,10 +57,18 @@ def trained(tmp_path, capsys):
     ("eval.beam=0", "eval.beam must be an integer >= 1 (1 = greedy), got 0"),
     ("eval.len_penalty=.nan", "eval.len_penalty must be a finite number, got nan"),
     ("eval.max_extra=x", "eval.max_extra must be an integer >= 0, got 'x'"),
+    ("train.device=tpu", "train.device must be a device name such as cpu, cuda or cuda:0 (or null), got 'tpu'"),
+    ("train.device=cuda:x", "got 'cuda:x'"),
 ])
 def test_check_rejects_bad_train_eval_and_data_values(tmp_path, capsys, override, message):
     assert main(["train", write(tmp_path, SYNTH), override, "--check"]) == 2
     assert message in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a CUDA device")
+def test_a_cuda_device_on_a_machine_without_one_exits_2(tmp_path, capsys):
+    assert main(["train", write(tmp_path, SYNTH), "train.device=cuda", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "train.device='cuda': this machine has no CUDA device" in one_line(capsys.readouterr().err)
 
 
 def test_data_root_is_the_root_the_dataset_is_read_from(tmp_path, capsys):

@@ -69,7 +69,7 @@ def load_and_check(config: str, overrides: list[str]):
 def run(args) -> int:
     from kernel_attention.cli.errors import report
     from kernel_attention.data.files import DataFormatError
-    from kernel_attention.tasks.resume_check import ConfigChangeError
+    from kernel_attention.config import ConfigError
     from kernel_attention.tasks.runner import run_dir_of, train
     from kernel_attention.training.checkpoint import CheckpointError
 
@@ -83,7 +83,7 @@ def run(args) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else run_dir_of(cfg, Path("runs") / Path(args.config).stem)
     try:
         summary = train(cfg, run_dir, resume=not args.no_resume, allow_config_change=args.allow_config_change)
-    except ConfigChangeError as e:
+    except ConfigError as e:  # another config than the run trained with; a device this machine lacks
         return report("", e)
     except CheckpointError as e:
         hint = ""

@@ -109,8 +109,12 @@ class TrainConfig:
             raise ValueError(f"optimizer {self.optimizer!r} is not one of ['adam', 'adamw']")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision {self.precision!r} is not one of ['fp32', 'bf16', 'fp16']")
-        if self.device is not None and not isinstance(self.device, str):
-            raise ValueError(f"train.device must be a device name such as cpu or cuda:0 (or null), got {self.device!r}")
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError):
+                raise ValueError(f"train.device must be a device name such as cpu, cuda or cuda:0 (or null), got "
+                                 f"{self.device!r}") from None
         betas = self.betas
         if (not isinstance(betas, (list, tuple)) or len(betas) != 2
                 or not all(_is_number(b) and 0 <= b < 1 for b in betas)):

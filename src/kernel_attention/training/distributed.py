@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kernel_attention.config import ConfigError
+
 __all__ = ["DistInfo", "setup", "shutdown", "is_distributed", "rank", "world_size", "is_main", "barrier",
            "all_reduce_mean", "all_gather_object", "wrap_model"]
 
@@ -48,6 +50,9 @@ def setup(device: str | torch.device | None = None, backend: str | None = None,
     if device is None:
         device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={str(device)!r}: this machine has no CUDA device that torch "
+                          f"{torch.__version__} can use; leave train.device out to train on the CPU")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local)
     if device.type == "cuda":
