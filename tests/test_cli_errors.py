@@ -257,6 +257,37 @@ def test_threads_sets_torch_intra_op_threads(tmp_path, monkeypatch, capsys):
     assert "must be an integer >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--steps", "0"], "--steps: must be an integer >= 1 (optimiser updates), got '0'"),
+    (["run", "--steps", "-1"], "--steps: must be an integer >= 1"),
+    (["run", "--jobs", "0"], "--jobs: must be an integer >= 1 (worker processes)"),
+    (["run", "--test-size", "-5"], "--test-size: must be an integer >= 1 (test examples)"),
+    (["study", "dissection-kernels", "--threads", "0"], "--threads: must be an integer >= 1"),
+    (["bench", "--repeats", "0"], "--repeats: must be an integer >= 1"),
+    (["bench", "--T", "0"], "--T: must be an integer >= 1 (sequence length)"),
+])
+def test_counts_below_one_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--out", "no/such/folder/t.md"], "--out no/such/folder/t.md: its folder does not exist"),
+    (["bench", "--kernels", "gauss"], "--kernels gauss: unknown kernel 'gauss'; accepted: exp"),
+    (["bench", "--positions", "rope"], "--positions rope: unknown position 'rope'"),
+    (["bench", "--filters", "casual"], "--filters casual: unknown filter 'casual'"),
+    (["bench", "--backends", "fastest"], "--backends fastest: unknown backend 'fastest'; accepted: banded"),
+    (["bench", "--dtype", "float8"], "--dtype 'float8' is not a torch dtype"),
+    (["bench", "--dtype", "int32"], "--dtype 'int32' is not a floating-point dtype"),
+    (["bench", "--device", "tpu"], "--device tpu: "),
+])
+def test_bad_names_and_paths_exit_2_before_any_work(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert message in one_line(capsys.readouterr().err)
+
+
 def test_run_sets_the_threads_of_each_worker(monkeypatch, capsys):
     from kernel_attention.cli import run as run_command
 

@@ -37,6 +37,7 @@ import sys
 import time
 
 from kernel_attention.backends.bench_report import BASELINE, Result, summary, table
+from kernel_attention.cli.threads import at_least, threads_per_op
 
 __all__ = ["main", "add_arguments", "run", "DEFAULT_VARIANTS"]
 
@@ -259,10 +260,11 @@ def machine(threads: int | None = None) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--T", type=int, nargs="+", default=[256, 1024, 4096], help="sequence lengths")
-    p.add_argument("--B", type=int, default=4)
-    p.add_argument("--H", type=int, default=8)
-    p.add_argument("--D", type=int, default=64)
+    p.add_argument("--T", type=at_least(1, "sequence length"), nargs="+", default=[256, 1024, 4096],
+                   help="sequence lengths")
+    p.add_argument("--B", type=at_least(1, "batch size"), default=4)
+    p.add_argument("--H", type=at_least(1, "heads"), default=8)
+    p.add_argument("--D", type=at_least(1, "head size"), default=64)
     p.add_argument("--kv-heads", type=int, default=None,
                    help="key/value heads, a divisor of H (grouped-query attention, ours and SDPA's; default H)")
     p.add_argument("--kernels", nargs="+", help="kernel specs; with --positions/--filters: their full product "
@@ -275,8 +277,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="dropout on the weights, for every backend and the SDPA baseline (default 0)")
     p.add_argument("--padding", type=float, default=0.0,
                    help="every other sequence's last fraction of keys as padding, a key mask (default 0: none)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--repeats", type=at_least(1, "timed runs per cell"), default=3)
+    p.add_argument("--threads", type=threads_per_op, default=None, help="torch threads (default: all cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per CPU cell (CUDA cells run in-process)")
@@ -286,7 +288,38 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _bad_names(args) -> str | None:
+    """What of the kernels, positions, filters, backends, device and dtype asked for does not exist, or None: checked
+    before any cell runs, so that a misspelt name is one error, not one per cell of the table."""
+    import torch
+
+    from kernel_attention.backends.dispatch import AUTO, resolve_backend
+    from kernel_attention.filters import make_filter
+    from kernel_attention.kernels import KERNELS
+    from kernel_attention.positions import POSITIONS
+
+    checks = [("--kernels", args.kernels, KERNELS.validate, ""), ("--positions", args.positions, POSITIONS.validate, ""),
+              ("--filters", [f for f in args.filters or [] if f not in FILTER_SPECS], make_filter, ""),
+              ("--backends", [b for b in args.backends or [] if b != AUTO], resolve_backend, f"; or {AUTO!r}"),
+              ("--device", [args.device], torch.device, "")]
+    for option, specs, check, more in checks:
+        for spec in specs or []:
+            try:
+                check(spec)
+            except (ValueError, RuntimeError) as e:
+                return f"{option} {spec}: {str(e).splitlines()[0]}{more}"
+    if args.dtype is not None and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        return f"--dtype {args.dtype!r} is not a torch dtype; accepted: float32, bfloat16, float16, float64"
+    if args.dtype is not None and not getattr(torch, args.dtype).is_floating_point:
+        return f"--dtype {args.dtype!r} is not a floating-point dtype; accepted: float32, bfloat16, float16, float64"
+    return None
+
+
 def run(args) -> int:
+    bad = _bad_names(args)
+    if bad is not None:
+        print(f"kernel-attention bench: {bad}", file=sys.stderr)
+        return 2
     if args.kv_heads is not None and not (args.kv_heads >= 1 and args.H % args.kv_heads == 0):
         print(f"kernel-attention bench: --kv-heads must be a divisor of --H={args.H} (key/value heads shared by "
               f"H / kv-heads query heads each), got {args.kv_heads}", file=sys.stderr)

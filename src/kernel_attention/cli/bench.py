@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
+
 from kernel_attention.backends import bench
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("bench", help="benchmark the attention backends against PyTorch SDPA",
-                              description=bench.__doc__)
+                              description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     return bench.add_arguments(p)
 
 

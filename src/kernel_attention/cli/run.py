@@ -25,7 +25,7 @@ import sys
 import time
 from contextlib import contextmanager
 
-from kernel_attention.cli.threads import threads_per_op
+from kernel_attention.cli.threads import at_least, threads_per_op
 from kernel_attention.machine import numerics
 
 GRID = [  # (kernel, position, pe_at_input); per-layer "absolute" is configs/synthetic/reverse.yaml
@@ -43,12 +43,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="train a small grid of attention choices on a synthetic task and print a table",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="reverse", choices=("copy", "reverse", "sort", "recall", "translation"))
-    p.add_argument("--steps", type=int, default=250, help="optimiser updates per run")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--steps", type=at_least(1, "optimiser updates"), default=250, help="optimiser updates per run")
+    p.add_argument("--jobs", type=at_least(1, "worker processes"), default=2, help="worker processes")
     p.add_argument("--threads", type=threads_per_op, default=1, metavar="N",
                    help="torch intra-op threads per worker (default 1: the --jobs workers share the cores)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--test-size", type=int, default=200, help="test examples per run")
+    p.add_argument("--test-size", type=at_least(1, "test examples"), default=200, help="test examples per run")
     p.add_argument("--out", default=None, help="also write the table (markdown) to this file")
     return p
 
@@ -123,6 +123,9 @@ def run(args) -> int:
     import math
     from multiprocessing import Pool
 
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        print(f"kernel-attention run: --out {args.out}: its folder does not exist", file=sys.stderr)
+        return 2
     t0 = time.time()
     jobs = []
     for kernel, position, at_input in GRID:

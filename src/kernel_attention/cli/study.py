@@ -34,6 +34,8 @@ import argparse
 import shlex
 import sys
 
+from kernel_attention.cli.threads import threads_per_op
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("study", help="run a paper table's grid and write our numbers beside the paper's",
@@ -47,7 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "a/b selects cells matching both (e.g. mikan/cr)")
     p.add_argument("--nmt-data", default=None, help="NMT dataset (small: multi30k, paper: iwslt14)")
     p.add_argument("--lm-data", default=None, help="SP dataset (small: wikitext-2, paper: wikitext-103)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=threads_per_op, default=1, help="torch threads (default 1)")
     p.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
                    help="write each cell's last.pt at least every M minutes (default: the configs' "
                    "train.checkpoint_minutes, 10), e.g. on a machine lent for a while; not part of a cell's "

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["threads_per_op", "add_threads_option", "apply_threads"]
+__all__ = ["at_least", "threads_per_op", "add_threads_option", "apply_threads"]
 
 
-def threads_per_op(text: str) -> int:
-    """argparse type of ``--threads``: an integer >= 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 (threads per operation), got {text!r}")
-    return n
+def at_least(low: int, what: str):
+    """An argparse type: an integer >= ``low``, ``what`` naming it in the error (argparse then exits 2)."""
+    def read(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low} ({what}), got {text!r}")
+        return n
+    return read
+
+
+#: argparse type of ``--threads``: an integer >= 1
+threads_per_op = at_least(1, "threads per operation")
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
