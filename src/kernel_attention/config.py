@@ -14,7 +14,6 @@ never silently falls back to a default::
     model:  {...}                              architecture, attention spec
     train:  {...}                              TrainConfig fields (kernel_attention.training.loop)
     eval:   {...}                              evaluation / decoding options (beam, len_penalty, ...)
-    study:  {...}                              grids of runs (kernel_attention.study)
 
 Overrides: ``a.b.c=value`` sets ``cfg["a"]["b"]["c"]``, creating missing mappings.  ``value`` is read with
 ``yaml.safe_load``, so ``3`` is an int, ``1e-3`` / ``3.0`` a float, ``true`` a bool, ``[1, 2]`` a list,
@@ -35,10 +34,12 @@ import yaml
 
 from kernel_attention.atomic_write import write_text
 
-__all__ = ["SECTIONS", "ConfigError", "load_config", "apply_overrides", "parse_override", "parse_value",
+__all__ = ["SECTIONS", "RUN_KEYS", "ConfigError", "load_config", "apply_overrides", "parse_override", "parse_value",
            "validate_sections", "dump_config"]
 
-SECTIONS = ("run", "seed", "task", "data", "model", "train", "eval", "study")
+SECTIONS = ("run", "seed", "task", "data", "model", "train", "eval")
+#: the keys of the ``run`` section
+RUN_KEYS = ("name", "dir")
 
 
 class ConfigError(ValueError):
@@ -106,11 +107,18 @@ def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict
 
 
 def validate_sections(config: Mapping[str, Any], accepted: Iterable[str] = SECTIONS) -> None:
-    """Fail on a top-level key that is not an accepted section, naming the key and the accepted ones."""
+    """Fail on a top-level key that is not an accepted section, naming the key and the accepted ones, and on a
+    ``run`` section that is not a mapping of :data:`RUN_KEYS`."""
     accepted = list(accepted)
     for key in config:
         if key not in accepted:
             raise ConfigError(f"unknown config section {key!r}; accepted: {', '.join(accepted)}")
+    run = config.get("run")
+    if run is not None and not isinstance(run, Mapping):
+        raise ConfigError(f"the run section must be a mapping of {', '.join(RUN_KEYS)}, got {run!r}")
+    unknown = sorted(set(run or {}) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown run option(s) {', '.join(map(str, unknown))}; accepted: {', '.join(RUN_KEYS)}")
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any] | None = None, overrides: Iterable[str] = (),
