@@ -60,6 +60,8 @@ def trained(tmp_path, capsys):
     ("train.device=tpu", "train.device must be a device name such as cpu, cuda or cuda:0 (or null), got 'tpu'"),
     ("train.device=cuda:x", "got 'cuda:x'"),
     ("run.foo=1", "unknown run option(s) foo; accepted: name, dir"),
+    ("seed=1.5", "seed must be an integer, got 1.5"),
+    ("seed=abc", "seed must be an integer, got 'abc'"),
     ("study.x=1", "unknown config section 'study'; accepted: run, seed, task, data, model, train, eval"),
 ])
 def test_check_rejects_bad_train_eval_and_data_values(tmp_path, capsys, override, message):

@@ -107,12 +107,15 @@ def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict
 
 
 def validate_sections(config: Mapping[str, Any], accepted: Iterable[str] = SECTIONS) -> None:
-    """Fail on a top-level key that is not an accepted section, naming the key and the accepted ones, and on a
-    ``run`` section that is not a mapping of :data:`RUN_KEYS`."""
+    """Fail on a top-level key that is not an accepted section, naming the key and the accepted ones, on a ``seed``
+    that is not an integer and on a ``run`` section that is not a mapping of :data:`RUN_KEYS`."""
     accepted = list(accepted)
     for key in config:
         if key not in accepted:
             raise ConfigError(f"unknown config section {key!r}; accepted: {', '.join(accepted)}")
+    seed = config.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
     run = config.get("run")
     if run is not None and not isinstance(run, Mapping):
         raise ConfigError(f"the run section must be a mapping of {', '.join(RUN_KEYS)}, got {run!r}")
