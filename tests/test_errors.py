@@ -25,6 +25,10 @@ def test_shape_errors_name_the_problem():
         ka.attention(q, k.double(), v)
     with pytest.raises(TypeError, match="floating"):
         ka.attention(q.long(), k, v)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        ka.attention(q.tolist(), k, v)
+    with pytest.raises(TypeError, match="v must be a torch.Tensor, got ndarray"):
+        ka.attention(q, k, v.numpy())
 
 
 @pytest.mark.parametrize("bad,match", [({"dropout": -0.1}, r"dropout .* \[0, 1\), got -0.1"),

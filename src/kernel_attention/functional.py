@@ -120,12 +120,17 @@ def check_finite(tensors: dict, neg_inf: bool = False) -> None:
                                  + (" (-inf drops a key; NaN and +inf are not accepted)" if neg_inf else ""))
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True, groups: int = 1) -> None:
-    """Raise a clear error for tensors that do not fit (B, H, Tq, D), (B, H_kv, Tk, D), (B, H_kv, Tk, Dv),
-    H = ``groups`` · H_kv (grouped-query attention, :func:`kv_groups`; 1: the same heads)."""
+def _tensors(q, k, v) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True, groups: int = 1) -> None:
+    """Raise a clear error for tensors that do not fit (B, H, Tq, D), (B, H_kv, Tk, D), (B, H_kv, Tk, Dv),
+    H = ``groups`` · H_kv (grouped-query attention, :func:`kv_groups`; 1: the same heads)."""
+    _tensors(q, k, v)
+    for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             raise ValueError(f"{name} must have 4 dims (B, H, T, D), got shape {tuple(x.shape)}")
         if not x.is_floating_point():
@@ -268,6 +273,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
     normaliser sum_j k(q_i, k_j) is a plain sum, which cancels at bfloat16's 8 bits of mantissa (a signed
     kernel) and overflows float16's range, where an exp-family kernel's soft-max subtracts the row maximum.
     """
+    _tensors(q, k, v)  # before q.dtype is read
     kern = _from_spec("kernel", kernel, make_kernel, _stateless)
     out_dtype = q.dtype
     wide = not kern.positive and (q.dtype in (torch.float16, torch.bfloat16)
