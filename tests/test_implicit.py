@@ -189,6 +189,9 @@ def test_regularization_is_the_documented_weighted_kl():
     assert torch.allclose(gaussian_kl(post.mu, post.log_std, 0.2), ref, rtol=1e-5)
     assert torch.allclose(regularization(att, n_train=10), 0.5 * ref / 10, rtol=1e-5)
     assert regularization(torch.nn.Linear(2, 2)) == 0
+    for bad in (0, -5, float("nan"), True):
+        with pytest.raises(ValueError, match="n_train is the number of training examples, a number > 0"):
+            regularization(att, n_train=bad)
 
 
 def test_share_spectral_uses_one_density_per_structure():

@@ -332,6 +332,8 @@ def regularization(model: nn.Module, n_train: float = 1.0) -> Tensor:
     """sum over the implicit kernels of ``model`` of ``kernel.regularization()``, divided by
     ``n_train`` (the number of training examples: the ELBO's KL per example; official code:
     0.1 · KL / N_train with the default kl_weight).  A scalar; 0 when the model has none."""
+    if isinstance(n_train, bool) or not isinstance(n_train, (int, float)) or not n_train > 0:
+        raise ValueError(f"n_train is the number of training examples, a number > 0; got {n_train!r}")
     terms = [m.regularization() for m in model.modules() if isinstance(m, SimilarityMagnitudeKernel)]
     if not terms:
         return torch.zeros(())
