@@ -161,3 +161,9 @@ def test_a_kept_mask_is_never_another_filters():
             want = smoother_loop(q, k, v, lambda a, b: kernel_value("exp", a, b),
                                  keep=filt.mask(6, 6).expand(1, 1, 6, 6))
             torch.testing.assert_close(ka.attention(q, k, v, mask=filt), want)
+
+
+@pytest.mark.parametrize("spec", ["causal&&local:window=2", "causal|", "&causal", "causal | "])
+def test_an_expression_with_an_empty_operand_says_how_to_write_one(spec):
+    with pytest.raises(ValueError, match="has an empty operand: write filters joined by &"):
+        ka.make_filter(spec)

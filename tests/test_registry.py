@@ -21,6 +21,8 @@ def test_parse_spec_errors():
         parse_spec({"degree": 2})
     with pytest.raises(SpecError, match="cannot read spec"):
         parse_spec(3)
+    with pytest.raises(SpecError, match="parameter 'scale' is given twice in 'rbf:scale=1,scale=2'"):
+        parse_spec("rbf:scale=1,scale=2")
 
 
 def test_typed_parameters():

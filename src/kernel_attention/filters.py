@@ -412,9 +412,12 @@ def make_filter(spec) -> Filter:
     if isinstance(spec, Tensor):
         return MaskFilter(spec)
     if isinstance(spec, str) and ("|" in spec or "&" in spec):
-        alternatives = [s for s in spec.split("|")]
+        operands = [s.strip() for alt in spec.split("|") for s in alt.split("&")]
+        if not all(operands):
+            raise SpecError(f"filter expression {spec!r} has an empty operand: write filters joined by & "
+                            f"(both keep a key) and | (either does), e.g. 'causal&local:window=8|strided:stride=4'")
         result = None
-        for alt in alternatives:
+        for alt in spec.split("|"):
             parts = [make_filter(s.strip()) for s in alt.split("&")]
             term = parts[0]
             for p in parts[1:]:

@@ -150,6 +150,8 @@ def parse_spec(spec: Any) -> tuple[str, dict]:
                 key, eq, value = item.partition("=")
                 if not eq or not key.strip():
                     raise SpecError(f"cannot read parameter {item!r} in {spec!r}; write name:key=value,key=value")
+                if key.strip() in params:
+                    raise SpecError(f"parameter {key.strip()!r} is given twice in {spec!r}")
                 params[key.strip()] = value.strip()
         return name.strip(), params
     if isinstance(spec, Mapping):
