@@ -61,6 +61,17 @@ def test_vocabulary_lists_every_name():
             assert name in text
 
 
+def test_every_name_has_a_summary_that_ends_where_a_sentence_or_phrase_does():
+    """The vocabulary's one line per name (``--help``, ``check``) is the first paragraph of its docstring: never
+    empty, never cut where the source broke a sentence before a formula."""
+    from kernel_attention.vocabulary import REGISTRIES
+
+    for reg in REGISTRIES.values():
+        for name in reg.names():
+            doc = reg.entry(name).doc.rstrip()
+            assert doc and not doc.endswith((",", " with", " and", " of", " the", " by")), (reg.kind, name, doc)
+
+
 def test_the_package_exports_every_public_name_it_imports():
     # ``from kernel_attention import *`` gives what ``ka.NAME`` gives (explain, choose_backend included).
     import types

@@ -12,6 +12,8 @@ __all__ = ["DenseBackend"]
 
 @BACKENDS.register("dense")
 class DenseBackend(Backend):
+    """The reference: every kernel, position and filter, by materialising the (B, H, Tq, Tk) kernel matrix."""
+
     name = "dense"
 
     def describe(self, p: Problem) -> str:

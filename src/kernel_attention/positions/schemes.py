@@ -248,11 +248,12 @@ class XLPosition(PositionScheme):
     Param("max_len", int, 1024, check=lambda x: x > 0, rule="> 0; learned encodings only"),
 ])
 class ProductPosition(PositionScheme):
-    r"""Symmetric product kernel (Eq. 9, Tsai et al. 2019): k = k_F(f_q, f_k) · k_T(t_q, t_k) with
+    r"""Symmetric product kernel (Eq. 9, Tsai et al. 2019): k = k_F(f_q, f_k) · k_T(t_q, t_k), an exponential
+    kernel on the positions:
 
-        k_T(t_q, t_k) = exp(<t_q W_T, t_k W_T> / sqrt(d)),
+        k_T(t_q, t_k) = exp(<t_q W_T, t_k W_T> / sqrt(d)).
 
-    t the absolute sinusoid (d_model features), W_T shared by the query and key sides (symmetric, so
+    Here t is the absolute sinusoid (d_model features), W_T shared by the query and key sides (symmetric, so
     k_T is a valid kernel); no u/v biases.  One W_T per axis, their kernels multiplied.  In
     encoder-decoder attention t_q is the decoder position and t_k the encoder position.
     """
