@@ -55,7 +55,7 @@ def test_resume_is_exact_where_a_checkpoint_falls_between_two_train_records(tmp_
     6, as the uninterrupted run's does (the checkpoint keeps the sums of step 4)."""
     Trainer(ToyTask(reg=True), _cfg(log_every=3), tmp_path / "full").fit()
     Trainer(ToyTask(reg=True), _cfg(log_every=3, stop_after=5), tmp_path / "part").fit()
-    assert load_checkpoint(tmp_path / "part" / "last.pt")["log_window"]["steps"] == 1
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["log_window"][0]["steps"] == 1
     Trainer(ToyTask(reg=True), _cfg(log_every=3), tmp_path / "part").fit()
     ra, rb = _records(tmp_path / "full"), _records(tmp_path / "part")
     assert [r["step"] for r in ra if r["split"] == "train"] == [3, 6, 9, 10]

@@ -15,7 +15,8 @@ dict taken at the evaluation with the best selection metric so far)::
       "step":      optimiser updates made,
       "epoch":     current epoch (0-based),
       "position":  micro-batches of this epoch already consumed,
-      "log_window": {"sums": {log: sum}, "steps": int, "tokens": int} of the updates since the last train record,
+      "log_window": [per rank: {"sums": {log: sum}, "steps": int, "tokens": int}, the updates since the last
+                     train record],
       "best":      {"metric": name, "value": float or None, "step": int or None},
       "stale_evals": evaluations since best improved, "finished": bool, "elapsed_s": seconds trained,
       "config":    the TrainConfig as a dict,

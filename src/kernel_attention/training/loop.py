@@ -157,18 +157,16 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state(self, ranks: list[tuple] | None = None) -> dict[str, Any]:
-        """The checkpoint's dict; ``ranks``: each rank's ``(RNG state, task.train_state())`` (default: this
-        rank's only)."""
+        """The checkpoint's dict; ``ranks``: each rank's ``(RNG state, task.train_state(), log window)`` (default:
+        this rank's only)."""
         ranks = ranks if ranks is not None else [self._rank_state()]
         return {
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "schedule": {"spec": self.config.schedule, "lr": self.schedule(max(self.step - 1, 0))},
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "rng": [rng for rng, _ in ranks], "task_state": [task for _, task in ranks],
+            "rng": [r[0] for r in ranks], "task_state": [r[1] for r in ranks], "log_window": [r[2] for r in ranks],
             "step": self.step, "epoch": self.epoch, "position": self.position,
-            "log_window": {"sums": {k: float(v) for k, v in self._window[0].items()}, "steps": self._window[1],
-                           "tokens": self._window[2]},
             "best": dict(self.best), "stale_evals": self.stale_evals, "finished": self.finished,
             "elapsed_s": self.elapsed(),
             "config": self.config.to_dict(), "extra": self.extra,
@@ -187,7 +185,9 @@ class Trainer:
         self._saved_at = time.time()
 
     def _rank_state(self) -> tuple:
-        return get_rng_state(), self.task.train_state()
+        sums, steps, tokens = self._window
+        return get_rng_state(), self.task.train_state(), {"sums": {k: float(v) for k, v in sums.items()},
+                                                          "steps": steps, "tokens": tokens}
 
     def _restore(self, ck: dict[str, Any]) -> None:
         load_model_state(self.raw_model, ck["model"], self.run_dir / "last.pt")
@@ -199,10 +199,13 @@ class Trainer:
             warnings.warn(f"checkpoint holds RNG states of {len(rngs)} ranks, running with "
                           f"{self.info.world_size}: resume is not bit-exact")
         set_rng_state(rngs[self.info.rank % len(rngs)])
-        tasks = ck.get("task_state") or [None]  # checkpoints from before it: the task starts its state afresh
-        self.task.load_train_state(tasks[self.info.rank] if len(tasks) == self.info.world_size else None)
-        window = ck.get("log_window", {"sums": {}, "steps": 0, "tokens": 0})
-        self._window = (dict(window["sums"]), window["steps"], window["tokens"])
+        # checkpoints from before these, or of another number of ranks: the task's state and the window start afresh
+        same = len(rngs) == self.info.world_size
+        tasks, windows = ck.get("task_state") or [None], ck.get("log_window") or [None]
+        self.task.load_train_state(tasks[self.info.rank] if same and len(tasks) == len(rngs) else None)
+        window = windows[self.info.rank] if same and len(windows) == len(rngs) else None
+        if window is not None:
+            self._window = (dict(window["sums"]), window["steps"], window["tokens"])
         self.step, self.epoch, self.position = ck["step"], ck["epoch"], ck["position"]
         self.best, self.finished = dict(ck["best"]), bool(ck.get("finished", False))
         self.stale_evals = int(ck.get("stale_evals", 0))
