@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.positions.encodings import as_positions, make_encoding
-from kernel_attention.backends.dispatch import AUTO, resolve_backend
 from kernel_attention.filters import Padding, make_filter
 from kernel_attention.functional import attention as kernel_attention_fn, check_broadcast
 from kernel_attention.kernels import make_kernel
@@ -77,6 +76,8 @@ class KernelAttention(nn.Module):
             raise SpecError(f"dropout (of the attention weights) must be in [0, 1), got {dropout!r}")
         symmetric = _symmetric_param.coerce(symmetric, "KernelAttention")
         bias = _bias_param.coerce(bias, "KernelAttention")
+        from kernel_attention.backends.dispatch import AUTO, resolve_backend
+
         if backend != AUTO:  # an unknown name or a bad parameter fails here, not at the first call
             try:
                 resolve_backend(backend)
