@@ -39,6 +39,9 @@ Rules the trainer relies on
   ``split == "valid"`` (the trainer keeps ``best.pt`` by it).
 * ``batch_tokens(batch)`` (optional) returns the number of target tokens or examples of a micro-batch;
   the progress bar then shows tokens/s instead of steps/s and ``metrics.jsonl`` gets ``tokens``.
+* ``train_state()`` / ``load_train_state(state)`` (optional): what ``loss`` carries from one micro-batch to the
+  next (a Transformer-XL memory), kept per rank in ``last.pt`` so that a resumed run goes on as the
+  uninterrupted one; a task whose micro-batches are independent leaves them out.
 """
 
 from __future__ import annotations
