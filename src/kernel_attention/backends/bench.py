@@ -37,7 +37,8 @@ import sys
 import time
 
 from kernel_attention.backends.bench_report import BASELINE, Result, summary, table
-from kernel_attention.cli.threads import at_least, threads_per_op
+from kernel_attention.cli.counts import at_least
+from kernel_attention.cli.threads import threads_per_op
 
 __all__ = ["main", "add_arguments", "run", "DEFAULT_VARIANTS"]
 

@@ -25,7 +25,8 @@ import sys
 import time
 from contextlib import contextmanager
 
-from kernel_attention.cli.threads import at_least, threads_per_op
+from kernel_attention.cli.counts import at_least
+from kernel_attention.cli.threads import threads_per_op
 from kernel_attention.machine import numerics
 
 GRID = [  # (kernel, position, pe_at_input); per-layer "absolute" is configs/synthetic/reverse.yaml

@@ -10,21 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["at_least", "threads_per_op", "add_threads_option", "apply_threads"]
+from kernel_attention.cli.counts import at_least
 
-
-def at_least(low: int, what: str):
-    """An argparse type: an integer >= ``low``, ``what`` naming it in the error (argparse then exits 2)."""
-    def read(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low} ({what}), got {text!r}")
-        return n
-    return read
-
+__all__ = ["threads_per_op", "add_threads_option", "apply_threads"]
 
 #: argparse type of ``--threads``: an integer >= 1
 threads_per_op = at_least(1, "threads per operation")
