@@ -24,10 +24,9 @@ from pathlib import Path
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from kernel_attention.cli.config_keys import describe_config_keys
     from kernel_attention.models import MODELS
     from kernel_attention.tasks import TASKS
-
-    from kernel_attention.cli.config_keys import describe_config_keys
 
     p = sub.add_parser("train", help="train a model from a YAML config (+ key=value overrides)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -68,8 +67,8 @@ def load_and_check(config: str, overrides: list[str]):
 
 def run(args) -> int:
     from kernel_attention.cli.errors import report
-    from kernel_attention.data.files import DataFormatError
     from kernel_attention.config import ConfigError
+    from kernel_attention.data.files import DataFormatError
     from kernel_attention.tasks.runner import run_dir_of, train
     from kernel_attention.training.checkpoint import CheckpointError
 
