@@ -45,6 +45,19 @@ def test_the_layer_refuses_bad_sizes_when_it_is_built(bad, match):
         ka.KernelAttention(**{"d_model": 8, "n_heads": 2, **bad})
 
 
+@pytest.mark.parametrize("build, match", [
+    (lambda: ka.GraphAttention(8, 4, heads=0), "GraphAttention: heads must be an integer >= 1, got 0"),
+    (lambda: ka.GraphAttention(8, 4, dropout=1.5), r"GraphAttention: dropout must be in \[0, 1\), got 1.5"),
+    (lambda: ka.GraphAttention(8, 4, concat="maybe"), "concat: bool: cannot read 'maybe'"),
+    (lambda: ka.TransformerBlock(8, 2, 0), "TransformerBlock: d_ff must be an integer >= 1, got 0"),
+    (lambda: ka.TransformerBlock(8, 2, 16, dropout=-0.5), r"TransformerBlock: dropout must be in \[0, 1\)"),
+])
+def test_graph_attention_and_the_block_refuse_bad_arguments_when_built(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+    assert not ka.GraphAttention(8, 4, concat="false").concat
+
+
 def test_the_layer_reads_booleans_as_the_configs_write_them():
     assert not ka.KernelAttention(8, 2, symmetric="false").symmetric
     layer = ka.KernelAttention(8, 2, symmetric="true", bias="no")

@@ -27,6 +27,7 @@ from kernel_attention.positions.encodings import as_positions, make_encoding
 from kernel_attention.filters import Padding, make_filter
 from kernel_attention.functional import attention as kernel_attention_fn, check_broadcast
 from kernel_attention.kernels import make_kernel
+from kernel_attention.nn.arguments import check_rate, check_sizes, flag
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position
 from kernel_attention.registry import Param, SpecError
 
@@ -35,7 +36,6 @@ __all__ = ["KernelAttention", "VALUE_POSITIONS"]
 #: Value functions: "none" = f W_v (Eq. 8), "absolute" = (f + t) W_v (Eq. 7), "relative" = Shaw's a^V.
 VALUE_POSITIONS = ("none", "absolute", "relative")
 _value_param = Param("value_position", (str, bool), choices=VALUE_POSITIONS + (True, False))
-_symmetric_param, _bias_param = Param("symmetric", bool), Param("bias", bool)
 
 
 class KernelAttention(nn.Module):
@@ -69,13 +69,9 @@ class KernelAttention(nn.Module):
                  axes: int = 1, dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
                  kv_heads: int | None = None, backend="auto"):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("axes", axes)):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise SpecError(f"dropout (of the attention weights) must be in [0, 1), got {dropout!r}")
-        symmetric = _symmetric_param.coerce(symmetric, "KernelAttention")
-        bias = _bias_param.coerce(bias, "KernelAttention")
+        check_sizes("KernelAttention", d_model=d_model, n_heads=n_heads, axes=axes)
+        check_rate("KernelAttention", "dropout (of the attention weights)", dropout)
+        symmetric, bias = flag("KernelAttention", "symmetric", symmetric), flag("KernelAttention", "bias", bias)
         from kernel_attention.backends.dispatch import AUTO, resolve_backend
 
         if backend != AUTO:  # an unknown name or a bad parameter fails here, not at the first call

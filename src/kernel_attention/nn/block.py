@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel_attention.dropout import Dropout
+from kernel_attention.nn.arguments import check_rate, check_sizes
 from kernel_attention.nn.attention import KernelAttention, hides_keys
 from kernel_attention.positions.encodings import as_positions
 from kernel_attention.registry import SpecError
@@ -42,6 +43,8 @@ class TransformerBlock(nn.Module):
                  cross_attention: dict | None = None, norm: str = "post", dropout: float = 0.0,
                  activation: str = "relu"):
         super().__init__()
+        check_sizes("TransformerBlock", d_model=d_model, n_heads=n_heads, d_ff=d_ff)
+        check_rate("TransformerBlock", "dropout", dropout)
         if norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {norm!r}")
         if activation not in ("relu", "gelu"):

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from kernel_attention.kernels.decomposition import gat_decompose, lp_norm_sq
 from kernel_attention.kernels.implicit import SimilarityMagnitudeKernel
 from kernel_attention.kernels import make_kernel
+from kernel_attention.nn.arguments import check_rate, check_sizes, flag
 
 __all__ = ["GraphAttention", "segment_softmax", "with_self_loops"]
 
@@ -67,6 +68,10 @@ class GraphAttention(nn.Module):
                  dropout: float = 0.0, negative_slope: float = 0.2, add_self_loops: bool = True,
                  bias: bool = True):
         super().__init__()
+        check_sizes("GraphAttention", in_dim=in_dim, out_dim=out_dim, heads=heads)
+        check_rate("GraphAttention", "dropout", dropout)
+        concat, add_self_loops, bias = (flag("GraphAttention", name, value) for name, value in (
+            ("concat", concat), ("add_self_loops", add_self_loops), ("bias", bias)))
         self.in_dim, self.out_dim, self.heads = in_dim, out_dim, heads
         self.concat, self.dropout, self.negative_slope = concat, dropout, negative_slope
         self.add_self_loops = add_self_loops
