@@ -43,6 +43,25 @@ def test_train_evaluate_translate_synthetic(tmp_path, capsys):
     src.write_text("3 9\n")                                    # 9 is not a symbol of this run
     assert main(["translate", str(run_dir / "last.pt"), "--input", str(src)]) == 2
     assert "symbol ids must be in [3, 7]" in capsys.readouterr().err
+    src.write_bytes(b"3 4\n5 \xff 6\n")                        # not UTF-8: its line named, no traceback
+    assert main(["translate", str(run_dir / "last.pt"), "--input", str(src)]) == 2
+    assert f"{src}:2: cannot decode as utf-8" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:                       # beam 0 is refused, not taken as "not given"
+        main(["translate", str(run_dir / "last.pt"), "--input", str(src), "--beam", "0"])
+    assert e.value.code == 2 and "--beam: must be an integer >= 1 (beam width)" in capsys.readouterr().err
+
+
+def test_translate_reads_stdin_as_bytes_and_names_a_line_that_is_not_utf8(tmp_path, capsys, monkeypatch):
+    import io
+    cfg = write(tmp_path, SYNTH)
+    assert main(["train", cfg, "train.max_steps=1", "--run-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+
+    class Stdin:
+        buffer = io.BytesIO(b"3 4\r\n5 \xff\n")
+    monkeypatch.setattr("sys.stdin", Stdin)
+    assert main(["translate", str(tmp_path / "run"), "--input", "-"]) == 2
+    assert "<stdin>:2: cannot decode as utf-8" in capsys.readouterr().err
 
 
 def test_train_and_generate_lm(tmp_path, capsys):
@@ -60,6 +79,13 @@ def test_train_and_generate_lm(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "lm" / "last.pt"), "--prompt", "the cat", "--max-new", "3"]) == 0
     words = capsys.readouterr().out.split()
     assert words[:2] == ["the", "cat"] and len(words) == 5
+    for bad, message in ((["--max-new", "-2"], "--max-new: must be an integer >= 1"),
+                         (["--temperature", "-1"], "--temperature: must be a number >= 0 (0: greedy), got '-1'")):
+        with pytest.raises(SystemExit) as e:
+            main(["generate", str(tmp_path / "lm"), "--prompt", "the", *bad])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert main(["generate", str(tmp_path / "lm"), "--prompt", "the \udcff"]) == 2  # argv bytes not UTF-8
+    assert "--prompt is not valid UTF-8" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override, message", [

@@ -4,7 +4,10 @@ prompt with a trained language model (greedy at temperature 0, else sampling wit
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+
+from kernel_attention.cli.counts import at_least
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -12,11 +15,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("--prompt", required=True, help="whitespace-tokenised words")
-    p.add_argument("--max-new", type=int, default=20)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new", type=at_least(1, "words to add"), default=20)
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="0: greedy; > 0: sampling")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     return p
+
+
+def _temperature(text: str) -> float:
+    try:
+        t = float(text)
+    except ValueError:
+        t = -1.0
+    if not (t >= 0.0 and math.isfinite(t)):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0: greedy), got {text!r}")
+    return t
 
 
 def run(args) -> int:
@@ -32,6 +45,9 @@ def run(args) -> int:
         print(f"kernel-attention: generate needs a language-model run, not {type(task).__name__}", file=sys.stderr)
         return 2
     words = args.prompt.split()
+    if any("\udc80" <= c <= "\udcff" for c in args.prompt):  # bytes the locale could not decode
+        print("kernel-attention: --prompt is not valid UTF-8", file=sys.stderr)
+        return 2
     if not words:
         print("kernel-attention: --prompt is empty", file=sys.stderr)
         return 2

@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kernel_attention.cli.counts import at_least
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("translate", help="translate lines of a file (or stdin) with a trained model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("--input", required=True, help="file with one sentence per line, or - for stdin")
-    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--beam", type=at_least(1, "beam width"), default=None)
     p.add_argument("--detokenize", action="store_true",
                    help="translation: write plain text (undo Moses escapes such as &apos; and tokenisation)")
     p.add_argument("--device", default="cpu")
@@ -46,15 +48,15 @@ def run(args) -> int:
     from kernel_attention.tasks.synthetic import EOS, FIRST, PAD, SyntheticSeq2SeqTask
     from kernel_attention.tasks.translation import TranslationTask
 
-    args.overrides = [f"eval.beam={args.beam}"] if args.beam else []
-    if args.input != "-":
-        try:
-            lines = open(args.input, encoding="utf-8").read().splitlines()
-        except OSError as e:
-            print(f"kernel-attention: cannot read --input {args.input}: {e}", file=sys.stderr)
-            return 2
-    else:
-        lines = sys.stdin.read().splitlines()
+    from kernel_attention.data.files import DataFormatError, read_lines, split_lines
+
+    args.overrides = [f"eval.beam={args.beam}"] if args.beam is not None else []
+    try:
+        lines = (split_lines(sys.stdin.buffer.read(), "<stdin>") if args.input == "-"
+                 else read_lines(args.input)[1])
+    except (OSError, DataFormatError) as e:
+        print(f"kernel-attention: cannot read --input {args.input}: {e}", file=sys.stderr)
+        return 2
     loaded = load(args)
     if loaded is None:
         return 2

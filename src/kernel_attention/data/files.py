@@ -98,7 +98,12 @@ def read_lines(
     ``i + 1`` of the file.  ``encoding="latin-1"`` never fails; a UTF-8 decoding error is reported
     with its line number."""
     p = resolve(path, dataset)
-    raw = read_bytes(p, dataset)
+    return p, split_lines(read_bytes(p, dataset), p, encoding, keep_trailing_empty)
+
+
+def split_lines(raw: bytes, where: str | os.PathLike, encoding: str = "utf-8",
+                keep_trailing_empty: bool = False) -> list[str]:
+    """The lines of ``raw`` as :func:`read_lines` gives a file's (``where`` names the source in errors)."""
     pieces = raw.split(b"\n")
     if pieces and pieces[-1] == b"" and not keep_trailing_empty:
         pieces.pop()
@@ -110,9 +115,9 @@ def read_lines(
             lines.append(b.decode(encoding))
         except UnicodeDecodeError as e:
             raise DataFormatError(
-                p, i + 1, f"cannot decode as {encoding} ({e.reason} at byte {e.start}); try encoding='latin-1'"
+                where, i + 1, f"cannot decode as {encoding} ({e.reason} at byte {e.start}); try encoding='latin-1'"
             ) from None
-    return p, lines
+    return lines
 
 
 def sha256_file(path: str | os.PathLike, decompress: bool = False) -> str:
