@@ -44,3 +44,30 @@ def test_load_translation_and_export_command(tmp_path, capsys):
     assert st.task.translate_lines(st.model, lines) == full.task.translate_lines(full.model, lines)
     assert main(["export", str(tmp_path / "nothing")]) == 2
     assert "cannot export" in capsys.readouterr().err
+
+
+def test_an_export_or_average_written_to_another_folder_loads_there(tmp_path, capsys):
+    """--out outside the run directory: the vocabulary and BPE files go with the file, which then loads, evaluates
+    and translates there (the run directory and the data removed); the export's mode follows the umask."""
+    import os
+    import stat
+
+    pairs, run = train_mt(tmp_path, steps=2)
+    shutil.rmtree(pairs)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert main(["export", str(run), "--out", str(elsewhere / "mt.safetensors")]) == 0
+    assert main(["average", str(run / "last.pt"), "--out", str(elsewhere / "average.pt")]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((elsewhere / "mt.safetensors").stat().st_mode) == 0o666 & ~umask
+    before = ka.load(run)
+    shutil.rmtree(run)
+    (tmp_path / "in.en").write_text("it is the cat\n")
+    for name in ("mt.safetensors", "average.pt"):
+        loaded = ka.load(elsewhere / name)
+        lines = ["it is the cat"]
+        assert loaded.task.translate_lines(loaded.model, lines) == before.task.translate_lines(before.model, lines)
+        capsys.readouterr()
+        assert main(["translate", str(elsewhere / name), "--input", str(tmp_path / "in.en")]) == 0
+        assert capsys.readouterr().out.strip()

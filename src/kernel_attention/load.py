@@ -12,19 +12,21 @@ back in eval mode on ``device`` (the CPU by default).
 :func:`export` writes the weights of a run as ``RUN/model.safetensors`` (``train`` does it when a run
 finishes; ``kernel-attention export RUN`` for a run written before): a file other tools load without
 pickle.  Its metadata holds the run's config and vocabulary file names as JSON (``config``, ``artifacts``),
-so :func:`load` rebuilds the model from it alone.
+so :func:`load` rebuilds the model from it and the vocabulary files beside it (an export written to another
+folder gets a copy of them there).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import torch
 
-__all__ = ["LoadedRun", "load", "export", "SAFETENSORS_NAME"]
+__all__ = ["LoadedRun", "load", "export", "copy_artifacts", "SAFETENSORS_NAME"]
 
 SAFETENSORS_NAME = "model.safetensors"
 _FORMAT = "kernel-attention"
@@ -62,7 +64,7 @@ def _find(run: str | Path) -> Path:
                 return path / name
         raise FileNotFoundError(f"run directory {path} holds no best.pt, last.pt or {SAFETENSORS_NAME}")
     if not path.is_file():
-        raise FileNotFoundError(f"no run directory or checkpoint at {path}")
+        raise FileNotFoundError(f"no run directory or checkpoint at {path}: it does not exist")
     return path
 
 
@@ -116,6 +118,27 @@ def load(run: str | Path, device: str | torch.device = "cpu",
     return LoadedRun(model=model, config=cfg, task=task, path=path, vocab=vocab, bpe=bpe, tokenizer=tokenizer)
 
 
+def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
+    """Copy the files a run's ``artifacts`` name (its vocabulary and BPE files, kept beside its checkpoints in
+    ``source``) into ``folder``, where a checkpoint or export written there is loaded from; returns their names.
+    Nothing is copied onto a file of the same name already there."""
+    import shutil
+
+    names = []
+    stack = [artifacts]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, str) and (source / item).is_file():
+            names.append(item)
+    if folder.resolve() != source.resolve():
+        for name in names:
+            if not (folder / name).exists():
+                shutil.copyfile(source / name, folder / name)
+    return names
+
+
 def export(run: str | Path, out: str | Path | None = None) -> Path:
     """Write the weights of a run (its ``best.pt``, else ``last.pt``, or the ``.pt`` given) as a
     safetensors file, by default ``model.safetensors`` in the run directory; returns its path.  The
@@ -140,5 +163,9 @@ def export(run: str | Path, out: str | Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp:
         save_model(model, str(tmp), metadata=meta, force_contiguous=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600; the run's other files follow the umask
+    copy_artifacts(extra.get("artifacts"), path.parent, out.parent)  # read beside the file when it is loaded
     return out
 

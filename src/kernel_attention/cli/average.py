@@ -50,6 +50,7 @@ def _checkpoints(paths: list[str], last: int | None) -> list[Path]:
 
 
 def run(args) -> int:
+    from kernel_attention.load import copy_artifacts
     from kernel_attention.tasks.runner import load_run
     from kernel_attention.training.averaging import average_states, parameter_names, weights_only
     from kernel_attention.training.checkpoint import load_checkpoint, load_model_state, save_checkpoint
@@ -65,6 +66,7 @@ def run(args) -> int:
         out = Path(args.out) if args.out else files[-1].parent / "average.pt"
         save_checkpoint(out, {**weights_only(states[-1]), "model": avg,
                               "averaged": [s.get("step") for s in states]})
+        copy_artifacts((states[-1].get("extra") or {}).get("artifacts"), files[-1].parent, out.parent)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         print(f"kernel-attention average: {e}", file=sys.stderr)
         return 2

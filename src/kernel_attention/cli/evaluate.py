@@ -1,7 +1,8 @@
 """``kernel-attention evaluate CHECKPOINT [--split test] [key=value ...]``: metrics of a trained model.
 
-CHECKPOINT is a ``best.pt`` / ``last.pt`` written by ``train``, an ``average.pt`` written by ``average`` (or a
-run directory: best.pt is used).
+CHECKPOINT is a ``best.pt`` / ``last.pt`` written by ``train``, an ``average.pt`` written by ``average``, a
+``.safetensors`` file written by ``export`` (or a run directory: best.pt is used, else last.pt, else
+model.safetensors).
 The task is rebuilt from the config stored in the checkpoint, with the vocabulary / BPE files the run
 directory holds (so the training data is not needed); overrides change the config for this evaluation
 only, e.g. ``eval.beam=5`` or ``eval.mem_len=640 eval.clamp_len=400``, before or after the options.
@@ -44,9 +45,11 @@ def overrides_dict(items: list[str]) -> dict:
 
 
 def load(args):
-    from kernel_attention.tasks.runner import load_run
+    """``(task, model, config)`` of the run, checkpoint or safetensors export ``args.checkpoint`` names."""
+    from kernel_attention.load import load as load_run
     try:
-        return load_run(args.checkpoint, overrides_dict(getattr(args, "overrides", []) or []), args.device)
+        run = load_run(args.checkpoint, args.device, overrides_dict(getattr(args, "overrides", []) or []))
+        return run.task, run.model, run.config
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"kernel-attention: cannot load {args.checkpoint}: {e}", file=sys.stderr)
         return None
@@ -80,8 +83,11 @@ def run(args) -> int:
         with torch.no_grad():
             metrics = task.evaluate(model, split)
     except (ValueError, FileNotFoundError) as e:
-        hint = ("; give a test set with --test-src/--test-tgt or --test-file"
-                if isinstance(e, FileNotFoundError) and set_test is None else "")
+        hint = ""
+        if isinstance(e, FileNotFoundError) and set_test is None:
+            hint = ("; give a test set with --test-src/--test-tgt" if hasattr(task, "set_test_pair") else
+                    "; give a test set with --test-file" if hasattr(task, "set_test_file") else
+                    "; point the run at its data with data.dataset=SPEC (or data.root=DIR)")
         print(f"kernel-attention: cannot evaluate {args.checkpoint}: {e}{hint}", file=sys.stderr)
         return 2
     print(json.dumps({"split": split, **({"files": list(files)} if set_test else {}), **metrics}))
