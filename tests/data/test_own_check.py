@@ -85,6 +85,41 @@ def test_bad_paths_exit_2_and_bad_files_1(tmp_path, capsys):
     assert rc == 1 and "edges.csv:2: node id 'zz' has no row in features.csv" in err
 
 
+def test_empty_files_a_bom_and_an_unknown_spec_are_named(tmp_path, capsys):
+    """An empty table or text split is an error that says so (1: unreadable); a UTF-8 byte-order mark is dropped;
+    a spec of no by-path dataset says which are (2)."""
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    for path in (empty, f"tsv:path={empty}"):
+        rc, _, err = check(capsys, path)
+        assert rc == 1 and "the file is empty (no rows)" in err and "Traceback" not in err
+    corpus = write_text(tmp_path / "corpus", n=4)
+    (corpus / "valid.txt").write_text("")
+    rc, _, err = check(capsys, corpus)
+    assert rc == 1 and "valid.txt: the file is empty (no lines of text)" in err
+    bom = tmp_path / "bom.tsv"
+    bom.write_bytes(b"\xef\xbb\xbftext\tlabel\n" + b"".join(b"a b c\t%d\n" % (i % 2) for i in range(20)))
+    assert report(capsys, f"tsv:path={bom}")["classes"] == {"0": 10, "1": 10}
+    rc, _, err = check(capsys, "bogus:path=x")
+    assert rc == 2 and "'bogus' is no dataset that reads your own data; accepted: csv, graph" in err
+
+
+def test_a_folders_table_is_labelled_text_even_with_one_word_texts(tmp_path, capsys):
+    """A folder's train/valid/test tables are labelled text (a regression table is one file), so a header that
+    names other columns is read by those names, and a short row is named, not taken for a regression folder."""
+    for name, rows in (("other-names", "text\tlab\nhello\tpos\nbye\tneg\n"),
+                       ("short-row", "text\tlabel\nhello\tpos\nnolabel\n")):
+        folder = tmp_path / name
+        folder.mkdir()
+        for split in ("train", "valid", "test"):
+            (folder / f"{split}.tsv").write_text(rows)
+        rc, out, err = check(capsys, folder)
+        if name == "other-names":
+            assert rc == 0 and f"tsv:path={folder},text=text,label=lab" in out
+        else:
+            assert rc == 1 and "row 3 has 1 column(s)" in err
+
+
 @pytest.mark.parametrize("layout", ["staged", "empty"])
 def test_a_data_root_is_still_checked_as_one(tmp_path, capsys, layout):
     if layout == "staged":

@@ -90,3 +90,7 @@ def test_lm_bad_configs(tmp_path):
         build_task({"task": "lm", "data": {"dataset": "cora"}})
     with pytest.raises(MissingDataError):
         build_task({"task": "lm", "data": {"dataset": {"name": "wikitext-2", "root": str(tmp_path)}}}).build_model()
+    too_wide = config(tmp_path / "wide")
+    too_wide["eval"]["batch_size"] = 200                  # the valid split holds 90 tokens: not 200 rows of two
+    with pytest.raises(SpecError, match="the valid split holds 90 tokens, too few for 200 rows"):
+        build_task(too_wide).prepare_data()

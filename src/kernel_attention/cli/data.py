@@ -139,6 +139,12 @@ def _own_data(path: str | None, names, download: bool) -> str | int | None:
         return path
     p = Path(path).expanduser()
     if not p.exists() and not Path(str(p) + ".gz").exists():
+        try:
+            detect_spec(path)  # a spec of no by-path dataset says so
+        except MissingDataError as e:
+            if ":" in path and "=" in path:
+                print(f"kernel-attention: data check: {e}", file=sys.stderr)
+                return 2
         print(f"kernel-attention: data check: {path} does not exist; give a data root (the staged datasets), or a "
               f"folder or file of your own data (text, parallel text, a TSV/CSV table, a graph folder)",
               file=sys.stderr)

@@ -103,7 +103,8 @@ def read_lines(
 
 def split_lines(raw: bytes, where: str | os.PathLike, encoding: str = "utf-8",
                 keep_trailing_empty: bool = False) -> list[str]:
-    """The lines of ``raw`` as :func:`read_lines` gives a file's (``where`` names the source in errors)."""
+    """The lines of ``raw`` as :func:`read_lines` gives a file's (``where`` names the source in errors); a UTF-8
+    byte-order mark, which spreadsheets write, is dropped."""
     pieces = raw.split(b"\n")
     if pieces and pieces[-1] == b"" and not keep_trailing_empty:
         pieces.pop()
@@ -112,7 +113,7 @@ def split_lines(raw: bytes, where: str | os.PathLike, encoding: str = "utf-8",
         if b.endswith(b"\r"):
             b = b[:-1]
         try:
-            lines.append(b.decode(encoding))
+            lines.append(b.decode("utf-8-sig" if i == 0 and encoding.lower() in ("utf-8", "utf8") else encoding))
         except UnicodeDecodeError as e:
             raise DataFormatError(
                 where, i + 1, f"cannot decode as {encoding} ({e.reason} at byte {e.start}); try encoding='latin-1'"

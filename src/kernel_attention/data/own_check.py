@@ -54,13 +54,14 @@ def _words(cell: str) -> int:
     return len(cell.split())
 
 
-def _table_spec(name: str, p: Path, rows: list[list[str]]) -> str:
-    """The spec of a labelled-text or numeric table whose rows (all of them, the first maybe a header) are ``rows``."""
+def _table_spec(name: str, p: Path, rows: list[list[str]], labelled: bool = False) -> str:
+    """The spec of a labelled-text or numeric table whose rows (all of them, the first maybe a header) are ``rows``;
+    ``labelled``: labelled text whatever its columns hold (a folder's tables are, a numeric table is one file)."""
     width = max(len(r) for r in rows)
     body = [r for r in rows[1:] if len(r) == width] or rows
     per_col = [[r[i] for r in body] for i in range(width)]
     words = [sum(map(_words, c)) / len(c) for c in per_col]
-    if width >= 2 and max(words) > 1.5:
+    if width >= 2 and (labelled or max(words) > 1.5):
         text = max(range(width), key=lambda i: words[i])
         label = min((i for i in range(width) if i != text), key=lambda i: (len(set(per_col[i])), -i))
         header = len(rows) > 1 and rows[0][label] not in per_col[label]
@@ -95,6 +96,10 @@ def detect_spec(path: str) -> str:
     if ":" in path and head in SPECS and SPECS[head].by_path:
         return path
     p = Path(path).expanduser()
+    if ":" in path and "=" in path and not p.exists():  # a spec of a kind that reads no path of the user's
+        kinds = ", ".join(sorted(n for n, s in SPECS.items() if s.by_path))
+        raise MissingDataError(f"{path}: {head!r} is no dataset that reads your own data; accepted: {kinds} "
+                               f"(e.g. tsv:path=FILE), or a folder or file")
     if p.is_dir():
         if find_graph_file(p, "edges") and find_graph_file(p, "features"):
             return _graph_spec(Path(path))
@@ -102,7 +107,7 @@ def detect_spec(path: str) -> str:
             return f"text:path={path}"
         for ext in _TABLE:
             if _exists(p / f"train.{ext}"):
-                return _table_spec(ext, Path(path), read_table(p / f"train.{ext}", _TABLE[ext])[1])
+                return _table_spec(ext, Path(path), read_table(p / f"train.{ext}", _TABLE[ext])[1], labelled=True)
         langs = sorted({_suffix(f) for f in p.glob("train.*")} - _NOT_LANGUAGES - {""})
         if len(langs) == 2:
             return f"parallel:path={path},src={langs[0]},tgt={langs[1]}"

@@ -40,12 +40,15 @@ _SPLITS = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test
 
 
 def read_table(path: str | Path, sep: str, encoding: str = "utf-8") -> tuple[Path, list[list[str]]]:
-    """The rows of a TSV (``sep="\\t"``, no quoting) or CSV (``sep=","``) file; empty lines are skipped."""
+    """The rows of a TSV (``sep="\\t"``, no quoting) or CSV (``sep=","``) file; empty lines are skipped, and a
+    file with no row is an error."""
     p, lines = read_lines(path, encoding)
     if sep == "\t":
         rows = [line.split("\t") for line in lines if line.strip()]
     else:
         rows = [r for r in csv.reader(io.StringIO("\n".join(lines) + "\n")) if r and any(c.strip() for c in r)]
+    if not rows:
+        raise DataFormatError(p, None, "the file is empty (no rows)")
     return p, rows
 
 

@@ -121,6 +121,8 @@ def load_text_corpus(path: str | Path, valid: float = 0.1, test: float = 0.1, se
             names = [f"{s}.txt", "val.txt"] if s == "valid" else [f"{s}.txt"]
             found = next((p / n for n in names if (p / n).is_file() or (p / (n + ".gz")).is_file()), p / names[0])
             lines[s] = tokenize_lm_file(found)
+            if not lines[s]:
+                raise DataFormatError(found, None, "the file is empty (no lines of text)")
     elif p.is_file() or Path(str(p) + ".gz").is_file():
         if not (0 <= valid < 1 and 0 <= test < 1 and valid + test < 1):
             raise ValueError(f"valid={valid} and test={test} must be fractions in [0, 1) with a sum below 1")

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from kernel_attention.data.wikitext import LMOrderedIterator
+from kernel_attention.registry import SpecError
 from kernel_attention.tasks.common import check_options, model_spec
 from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
 from kernel_attention.training.metrics import perplexity
@@ -52,8 +53,14 @@ class LanguageModelingTask(Task):
         self._eval_splits: dict[str, torch.Tensor] = {}
 
     def prepare_data(self) -> None:
-        """Load the corpus now (the runner does this before checking the model)."""
-        self.corpus
+        """Load the corpus now (the runner does this before checking the model), and refuse a split too short for
+        its rows: each of ``batch_size`` rows (the ``eval`` one for valid and test) needs two tokens or more."""
+        for split, rows in (("train", self.batch_size), ("valid", self.eval_opts["batch_size"]),
+                            ("test", self.eval_opts["batch_size"])):
+            n = self.corpus.splits[split].numel()
+            if n < 2 * int(rows):
+                raise SpecError(f"task 'lm': the {split} split holds {n} tokens, too few for {rows} rows of two or "
+                                f"more (batch_size); give it more text or a smaller batch_size")
 
     @property
     def corpus(self):
