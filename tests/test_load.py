@@ -61,6 +61,11 @@ def test_an_export_or_average_written_to_another_folder_loads_there(tmp_path, ca
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((elsewhere / "mt.safetensors").stat().st_mode) == 0o666 & ~umask
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "bpe.json").write_text("{}")                 # another run's file of the same name: refused, unwritten
+    assert main(["export", str(run), "--out", str(other / "mt.safetensors")]) == 2
+    assert "is another run's" in capsys.readouterr().err and not (other / "mt.safetensors").exists()
     before = ka.load(run)
     shutil.rmtree(run)
     (tmp_path / "in.en").write_text("it is the cat\n")

@@ -121,7 +121,9 @@ def load(run: str | Path, device: str | torch.device = "cpu",
 def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
     """Copy the files a run's ``artifacts`` name (its vocabulary and BPE files, kept beside its checkpoints in
     ``source``) into ``folder``, where a checkpoint or export written there is loaded from; returns their names.
-    Nothing is copied onto a file of the same name already there."""
+    A file of the same name and content already there is kept; one of other content (another run's vocabulary)
+    is an error, since the file written would then load with it."""
+    import filecmp
     import shutil
 
     names = []
@@ -136,6 +138,9 @@ def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
         for name in names:
             if not (folder / name).exists():
                 shutil.copyfile(source / name, folder / name)
+            elif not filecmp.cmp(source / name, folder / name, shallow=False):
+                raise FileExistsError(f"{folder / name} is another run's (its content differs from {source / name}): "
+                                      f"write to a folder of this run's files or an empty one")
     return names
 
 
@@ -161,11 +166,11 @@ def export(run: str | Path, out: str | Path | None = None) -> Path:
             "artifacts": json.dumps(extra.get("artifacts"), default=str), "step": str(ck.get("step")),
             "source": path.name}
     out.parent.mkdir(parents=True, exist_ok=True)
+    copy_artifacts(extra.get("artifacts"), path.parent, out.parent)  # read beside the file when it is loaded
     with replacing(out) as tmp:
         save_model(model, str(tmp), metadata=meta, force_contiguous=True)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600; the run's other files follow the umask
-    copy_artifacts(extra.get("artifacts"), path.parent, out.parent)  # read beside the file when it is loaded
     return out
 

@@ -64,9 +64,9 @@ def run(args) -> int:
             load_model_state(model, s["model"], f)  # every file a checkpoint of this model, or a clear error
         avg = average_states([s["model"] for s in states], parameter_names(model))
         out = Path(args.out) if args.out else files[-1].parent / "average.pt"
+        copy_artifacts((states[-1].get("extra") or {}).get("artifacts"), files[-1].parent, out.parent)
         save_checkpoint(out, {**weights_only(states[-1]), "model": avg,
                               "averaged": [s.get("step") for s in states]})
-        copy_artifacts((states[-1].get("extra") or {}).get("artifacts"), files[-1].parent, out.parent)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         print(f"kernel-attention average: {e}", file=sys.stderr)
         return 2
