@@ -13,7 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["kernel_value", "sinusoid_value", "smoother_loop", "filter_keep", "module_loop"]
+__all__ = ["kernel_value", "log_similarity_value", "sinusoid_value", "smoother_loop", "filter_keep",
+           "module_loop"]
 
 
 def kernel_value(name: str, a: Tensor, b: Tensor, **p) -> Tensor:
@@ -33,6 +34,30 @@ def kernel_value(name: str, a: Tensor, b: Tensor, **p) -> Tensor:
         ls = p.get("lengthscale", 1.0)
         return torch.exp(-(2 / ls ** 2) * (torch.sin(math.pi * (a - b) / period) ** 2).sum())
     raise KeyError(name)
+
+
+def log_similarity_value(name: str, a: Tensor, b: Tensor, *, ws: list[Tensor] | None = None, freq_scale: float = 1.0,
+                         eps: float = 0.0, lengthscale: float | None = None, period: float | None = None) -> Tensor:
+    """log similarity of two (D,) vectors of one head, straight from IKA's formulas (Song et al. 2021):
+
+    rbf-only   -||a - b||^2 / (2 l^2), l^2 = sqrt(D) unless ``lengthscale`` (then its square)
+    expsin     -(2 / lengthscale^2) sum_i sin^2(pi (a_i - b_i) / P), P = 2 pi D^(1/4) unless ``period``
+    implicit   log(f^2 + eps) with ``ws`` the spectral points of each generator, (R, D) each, s = ``freq_scale``:
+               one generator (Eq. 12)   f = 1/R sum_r cos(s w_r^T (a - b))
+               two (Eqs. 14-16)         f = 1/(4R) sum_r sum_{i,j in 1,2} cos(s (w_i,r^T a - w_j,r^T b))
+    """
+    d = a.shape[-1]
+    if name == "rbf-only":
+        l2 = math.sqrt(d) if lengthscale is None else lengthscale ** 2
+        return -((a - b) ** 2).sum() / (2 * l2)
+    if name == "expsin":
+        period = 2 * math.pi * d ** 0.25 if period is None else period
+        l2 = (1.0 if lengthscale is None else lengthscale) ** 2
+        return -(2 / l2) * torch.sin(math.pi * (a - b) / period).pow(2).sum()
+    r = ws[0].shape[0]
+    total = sum(torch.cos(freq_scale * (wi @ a - wj @ b)).sum() for wi in ws for wj in ws)
+    f = total / (r * len(ws) ** 2)
+    return torch.log(f * f + eps)
 
 
 def sinusoid_value(pos: float, dim: int) -> Tensor:

@@ -1,9 +1,9 @@
 """``kernel-attention check``: every registered variant against an independent reference.
 
 Kernels, positional schemes, value functions and filters are compared with the plain O(T²) loops of
-:mod:`kernel_attention.reference`; ``exp`` also with PyTorch's fused attention; the implicit kernels
-with their Proposition-1 decomposition (log k = log similarity + log magnitude) and the normalisation
-of their weights; each backend with ``dense`` on the first of a few calls it runs (a backend this machine runs
+:mod:`kernel_attention.reference`; ``exp`` also with PyTorch's fused attention and IKA's Proposition 1 (log k = log similarity + log magnitude);
+the similarity of each positive similarity x magnitude kernel with IKA's scalar formula, pair by pair, and the
+normalisation of their weights; each backend with ``dense`` on the first of a few calls it runs (a backend this machine runs
 none of, such as a GPU's, is listed as not checked, with why).  Prints one line per check and exits non-zero if
 any disagrees.
 """
@@ -54,16 +54,17 @@ def _checks():
             pos = ka.positions.encodings.as_positions(torch.arange(5), 1)
             qh, kh, _, _ = layer.project(x, x, pos, pos)
             kern = layer.kernel
-            log_k = kern.log_kernel(qh, kh) if kern.positive else kern.kernel(qh, kh)
-            if hasattr(kern, "decompose"):
-                # The smoother's weights equal those of similarity x magnitude (the row scale cancels).
-                sim, mag = kern.decompose(qh, kh)
-                if kern.positive:
-                    got, want = torch.softmax(log_k, -1), torch.softmax(sim + mag, -1)
-                else:
-                    prod = sim * (mag - mag.amax(-1, keepdim=True)).exp()
-                    got, want = log_k / log_k.sum(-1, keepdim=True), prod / prod.sum(-1, keepdim=True)
-                yield "kernel", name, "weights of similarity x magnitude", _err(got, want), TOL64
+            if hasattr(kern, "log_similarity") and kern.positive:
+                # the similarity of each (query, key) pair against IKA's scalar formula (Eqs. 12-16)
+                sim, _ = kern.decompose(qh, kh)
+                ref_name = name if name in ("rbf-only", "expsin") else "implicit"
+                ws = kern.prepare(qh, kh) if ref_name == "implicit" else None
+                params = ({"lengthscale": kern.lengthscale, "period": getattr(kern, "period", None)} if ws is None
+                          else {"freq_scale": kern.freq_scale, "eps": kern.eps})
+                want = torch.stack([torch.stack([R.log_similarity_value(
+                    ref_name, qh[0, 0, i], kh[0, 0, j], ws=None if ws is None else [w[0, 0] for w in ws], **params)
+                    for j in range(kh.shape[2])]) for i in range(qh.shape[2])])
+                yield "kernel", name, "IKA's similarity formula, per pair", _err(sim[0, 0], want), TOL64
             _, w = layer(x, need_weights=True)
             negative = float((-w).clamp_min(0).max()) if kern.positive else 0.0
             yield ("kernel", name, "weights >= 0 sum to 1" if kern.positive else "weights sum to 1",
