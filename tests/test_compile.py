@@ -28,16 +28,23 @@ def _fresh_dynamo():
 
 
 def _compare(module, x, atol=1e-4):
-    """Output and input gradient of ``module`` compiled with fullgraph against eager."""
+    """Output, input gradient and every parameter's gradient of ``module`` compiled with fullgraph against eager."""
     compiled = torch.compile(module, fullgraph=True)
-    x1 = x.clone().requires_grad_()
-    y1 = compiled(x1)
-    (y1 * torch.linspace(-1, 1, y1.numel(), dtype=y1.dtype).view_as(y1)).sum().backward()
-    x2 = x.clone().requires_grad_()
-    y2 = module(x2)
-    (y2 * torch.linspace(-1, 1, y2.numel(), dtype=y2.dtype).view_as(y2)).sum().backward()
+    grads = []
+    for run in (compiled, module):
+        module.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        y = run(xi)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+        grads.append((y, xi.grad, {n: p.grad for n, p in module.named_parameters()}))
+    (y1, gx1, gp1), (y2, gx2, gp2) = grads
     torch.testing.assert_close(y1, y2, atol=atol, rtol=atol)
-    torch.testing.assert_close(x1.grad, x2.grad, atol=atol, rtol=atol)
+    torch.testing.assert_close(gx1, gx2, atol=atol, rtol=atol)
+    for name in gp2:
+        if gp1[name] is None or gp2[name] is None:
+            assert gp1[name] is None and gp2[name] is None, name
+        else:
+            torch.testing.assert_close(gp1[name], gp2[name], atol=atol, rtol=atol, msg=name)
 
 
 @pytest.mark.parametrize("kernel,position,filt", MUST_COMPILE, ids=["/".join(c) for c in MUST_COMPILE])
@@ -114,7 +121,7 @@ def test_the_finiteness_check_costs_no_trace_and_can_be_asked_for():
     torch._dynamo.reset()
     with ka.validation(True):
         g = torch.compile(lambda q: ka.attention(q, q, q), fullgraph=True)
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="attention inputs contain NaN or inf values"):
             g(bad)
     with pytest.raises(ValueError, match="q contains NaN or inf"):  # eager on the CPU: checked, input named
         ka.attention(bad, bad, bad)

@@ -240,6 +240,21 @@ def test_specs_and_filter_masks_are_kept_between_calls():
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
+def test_the_mask_cache_evicts_its_oldest_and_builds_an_evicted_mask_again(monkeypatch):
+    """With room for two masks, a third evicts the oldest; asking for the evicted one builds it again, and every
+    call gets its own filter's mask throughout."""
+    from kernel_attention import functional as fn
+
+    monkeypatch.setattr(fn, "_MASK_ENTRIES", 2)
+    monkeypatch.setattr(fn, "_MASKS", {})
+    specs = ["causal", "local:window=1", "strided:stride=2", "causal"]
+    for tq in (3, 4):
+        for spec in specs + specs[::-1]:
+            got = fn._filter_mask(ka.make_filter(spec), tq, 5, torch.device("cpu"), None)
+            assert torch.equal(got, ka.make_filter(spec).mask(tq, 5)), (spec, tq)
+            assert len(fn._MASKS) <= 2
+
+
 # ---- the input audit: each case failed before (a raw torch error, NaN, or None for a zero gradient) ----------
 
 @pytest.mark.parametrize("backend", ["auto", "dense", "blockwise"])

@@ -15,8 +15,8 @@ CASES = [("full", {}), ("causal", {}), ("memory", {}), ("memory", {"same_length"
 @pytest.mark.parametrize("tq,tk", [(6, 6), (4, 7)])
 def test_filter_matches_definition(name, params, tq, tk):
     spec = {"name": name, **params}
-    if params == {"same_length": True} and tq == tk:  # its window, the memory present, is empty
-        return
+    if params == {"same_length": True} and tq == tk:
+        pytest.skip("same_length takes its window from the memory present: none here (an error, tested below)")
     got = ka.make_filter(spec).mask(tq, tk)
     assert torch.equal(got, filter_keep(name, tq, tk, **params))
 

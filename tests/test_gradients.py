@@ -15,6 +15,40 @@ def test_functional_gradcheck(kernel, mask):
     assert torch.autograd.gradcheck(lambda q, k, v: ka.attention(q, k, v, kernel=kernel, mask=mask), (q, k, v))
 
 
+@pytest.mark.parametrize("kernel", ["rbf-only", "expsin", "linear-magnitude", "ikas", "ikans", "ikan", "ikan-direct",
+                                    "mikan"])
+@pytest.mark.parametrize("mask", [None, "causal&local:window=1"])
+def test_similarity_magnitude_kernels_gradcheck(kernel, mask):
+    """The IKA kernels in eval mode (fixed spectral noise), through q, k, v and the kernels' own parameters."""
+    torch.manual_seed(0)
+    params = ["R=4"] if kernel.startswith(("ik", "mik")) else []
+    if mask is not None and kernel in ("ikas", "ikans", "ikan", "mikan"):
+        params.append("amortized=false")  # pooled over every position, the density would see hidden keys
+    kern = ka.make_kernel(kernel + (":" + ",".join(params) if params else ""), n_heads=2, d_head=4).double().eval()
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 4, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True)
+    wrapper = _Attention(kern, mask)
+    names = [n for n, p in wrapper.named_parameters() if p.requires_grad]
+
+    def f(q, k, v, *ps):
+        return torch.func.functional_call(wrapper, dict(zip(names, ps)), (q, k, v))
+
+    inputs = (q, k, v, *[wrapper.get_parameter(n).detach().clone().requires_grad_(True) for n in names])
+    assert torch.autograd.gradcheck(f, inputs, atol=1e-6)
+
+
+class _Attention(torch.nn.Module):
+    """ka.attention with one kernel module, as a module whose parameters functional_call can replace."""
+
+    def __init__(self, kern, mask):
+        super().__init__()
+        self.kern, self.mask = kern, mask
+
+    def forward(self, q, k, v):
+        return ka.attention(q, k, v, kernel=self.kern, mask=self.mask)
+
+
 @pytest.mark.parametrize("position", ["none", "absolute", "absolute:encoding=learned,max_len=16", "shaw:clip=2",
                                       "xl", "product"])
 @pytest.mark.parametrize("kernel", ["exp", "rbf", "poly"])

@@ -42,6 +42,8 @@ def test_load_translation_and_export_command(tmp_path, capsys):
     assert full.bpe is not None and full.vocab is full.tokenizer.tgt_vocab
     lines = ["it is the cat"]
     assert st.task.translate_lines(st.model, lines) == full.task.translate_lines(full.model, lines)
+    a, b = full.model.state_dict(), st.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert main(["export", str(tmp_path / "nothing")]) == 2
     assert "cannot export" in capsys.readouterr().err
 
@@ -71,8 +73,10 @@ def test_an_export_or_average_written_to_another_folder_loads_there(tmp_path, ca
     (tmp_path / "in.en").write_text("it is the cat\n")
     for name in ("mt.safetensors", "average.pt"):
         loaded = ka.load(elsewhere / name)
-        lines = ["it is the cat"]
-        assert loaded.task.translate_lines(loaded.model, lines) == before.task.translate_lines(before.model, lines)
+        a, b = before.model.state_dict(), loaded.model.state_dict()   # one checkpoint averaged: its weights
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+        assert loaded.tokenizer.src_bpe.encode_batch(["it is the cat"]) == before.tokenizer.src_bpe.encode_batch(
+            ["it is the cat"])
         capsys.readouterr()
         assert main(["translate", str(elsewhere / name), "--input", str(tmp_path / "in.en")]) == 0
         assert capsys.readouterr().out.strip()

@@ -77,6 +77,8 @@ def test_configure_reads_its_environment_variable(monkeypatch):
     assert malloc.configure() == "system"
     monkeypatch.setenv(malloc.ENV, "heap")
     assert malloc.configure() == "heap"
+    monkeypatch.setattr(malloc, "heap_malloc", lambda children=True: False)  # not glibc: the system's it stays
+    assert malloc.configure() == "system"
     monkeypatch.setenv(malloc.ENV, "jemalloc")
     with pytest.raises(ValueError, match="KERNEL_ATTENTION_MALLOC='jemalloc' is not one of"):
         malloc.configure()

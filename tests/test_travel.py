@@ -49,13 +49,15 @@ def test_translation_run_travels_without_its_data(tmp_path, capsys):
     new.mkdir()
     (new / "test.en").write_text("the cat is here\nit is a man\n")
     (new / "test.fr").write_text("le chat est ici\nc&apos; est un homme\n")
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--test-src", str(new / "test.en"), "--test-tgt", str(new / "test.fr")]) == 0
+    before = last_json(capsys)
     moved = tmp_path / "elsewhere"
     shutil.move(run, moved)                     # the run directory moves, the training data is deleted
     shutil.rmtree(pairs)
-    capsys.readouterr()
     assert main(["evaluate", str(moved), "--test-src", str(new / "test.en"), "--test-tgt", str(new / "test.fr")]) == 0
     out = last_json(capsys)
-    assert out["split"] == "test" and 0.0 <= out["bleu"] <= 100.0 and out["loss"] > 0
+    assert out["split"] == "test" and out == before   # the same weights, BPE and vocabulary: the same numbers
     assert main(["evaluate", str(moved), "--split", "valid"]) == 2     # no data, no test files: a clear message
     assert "--test-src" in capsys.readouterr().err
 
@@ -104,12 +106,14 @@ def train_lm(tmp_path):
 def test_lm_run_travels_and_unknown_prompt_words_warn(tmp_path, capsys):
     corpus, run = train_lm(tmp_path)
     assert json.loads((run / "vocab.json").read_text())["itos"][:2] == ["<unk>", "<eos>"]
-    shutil.rmtree(corpus)
     new = tmp_path / "new.txt"
     new.write_text("the cat sat on the log\nthe zebra sat\n")
     capsys.readouterr()
     assert main(["evaluate", str(run), "--test-file", str(new), "eval.batch_size=2"]) == 0
-    assert last_json(capsys)["ppl"] > 1
+    before = last_json(capsys)
+    shutil.rmtree(corpus)
+    assert main(["evaluate", str(run), "--test-file", str(new), "eval.batch_size=2"]) == 0
+    assert last_json(capsys) == before and before["ppl"] > 1     # without its corpus: the run's own vocabulary
     assert main(["generate", str(run), "--prompt", "the zebra cat", "--max-new", "2"]) == 0
     cap = capsys.readouterr()
     assert cap.out.split()[:3] == ["the", "zebra", "cat"] and len(cap.out.split()) == 5

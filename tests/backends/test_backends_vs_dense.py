@@ -199,11 +199,16 @@ def test_a_float_mask_of_another_dtype_is_taken_in_qs_dtype_on_every_backend(ker
     kw = {"mask": extra} if which == "mask" else {"bias": extra}
     p = build_problem(q, k, v, kernel, **kw)
     assert p.terms.bias.dtype == q.dtype
-    ref = attention(q, k, v, kernel, backend="dense", **{key: x.double() for key, x in kw.items()})
+
+    def with_grads(backend, **given):
+        out = attention(q, k, v, kernel, backend=backend, **given)
+        return out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out) + out.detach())
+
+    ref = with_grads("dense", **{key: x.double() for key, x in kw.items()})
     for name in ["dense", *capable(p)]:
-        close(attention(q, k, v, kernel, backend=name, **kw), ref)
+        close(with_grads(name, **kw), ref)
     out, weights = attention(q, k, v, kernel, need_weights=True, **kw)
-    close(out, ref)
+    torch.testing.assert_close(out, ref[0], atol=1e-10, rtol=1e-10)
     assert weights.dtype == q.dtype and weights[..., 0, 2].eq(0).all()
     low = [x.detach().to(torch.bfloat16) for x in (q, k, v)]
     assert attention(*low, kernel, need_weights=True, **kw)[0].dtype == torch.bfloat16

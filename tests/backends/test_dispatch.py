@@ -332,18 +332,28 @@ def test_large_calls_with_dropout_leave_sdpa_on_cpu(monkeypatch):
         assert explain(q, k, v, "exp", "causal", dropout_p=dropout, backend="sdpa").name == "sdpa"
 
 
-def test_attention_takes_the_backend_explain_names():
-    """attention() skips gathering reasons (explain=False); it must still pick what explain reports."""
-    from kernel_attention.backends import choose
+def test_attention_takes_the_backend_explain_names(monkeypatch):
+    """attention() skips gathering reasons (explain=False); it must still run what explain reports (each backend's
+    run wrapped to record its name)."""
+    from kernel_attention.backends import BACKENDS, choose
+    from kernel_attention.backends.dispatch import resolve_backend
     from kernel_attention.functional import build_problem
 
+    ran = []
+    for name in BACKENDS.names():
+        cls = type(resolve_backend(name))
+        monkeypatch.setattr(cls, "run", lambda self, p, _run=cls.run, _name=name: ran.append(_name) or _run(self, p))
     for kernel, mask, t, d in (("exp", None, 23, D), ("poly", "causal", 23, D), ("poly", "causal", 460, 24),
                                ("linear", "local:window=2", 23, D), ("rbf", "causal", 23, D),
                                ("periodic", "local:window=2", 23, D),
-                               (ka.make_kernel("ikas", n_heads=H, d_head=D), "causal", 23, D),
+                               (ka.make_kernel("ikas", n_heads=H, d_head=D).double(), "causal", 23, D),
                                ("rbf-only", None, 23, D)):
         q, k, v = inputs(t, t, d=d)
         p = build_problem(q, k, v, kernel, mask)
-        assert choose(p, explain=False).name == choose(p).name == explain(q, k, v, kernel, mask).name
+        named = explain(q, k, v, kernel, mask).name
+        assert choose(p, explain=False).name == choose(p).name == named
+        ran.clear()
+        ka.attention(q, k, v, kernel, mask)
+        assert ran == [named], (kernel, mask, ran)
     p = build_problem(*inputs(23, 23), "exp", need_weights=True)
     assert choose(p, explain=False).name == "dense"

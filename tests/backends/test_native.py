@@ -50,6 +50,7 @@ def test_compiled_loop_matches_python_loop_and_dense(position, filt, python_loop
     """float64: the compiled loops equal the Python loop and dense (values; gradients of q, k, v and the
     positional parameters), with rbf's key bias entering the slices' term, under full, causal, local and padding filters (one
     sequence with no key: zero output, zero gradient)."""
+    assert native.sliced(torch.float64) is not None  # the compiled side is compiled, not the Python loop again
     km = padding_mask(T, empty=True) if filt == "padding" else None
     for kernel, backend in (("exp", "blockwise"), ("rbf", "blockwise")):
         compiled = run(backend, kernel, position, filt, tq=T, tk=T, key_mask=km)
@@ -66,6 +67,7 @@ def test_compiled_loop_matches_python_loop_and_dense(position, filt, python_loop
 def test_compiled_loop_float32_and_memory(position, python_loop):
     """float32: the compiled loops agree with dense to float32's rounding; Transformer-XL with a memory
     in front of the segment (Tq < Tk, lower-right causal) in float64."""
+    assert native.sliced(torch.float32) is not None and native.sliced(torch.float64) is not None
     ref = run("dense", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
     got = run("blockwise", "exp", position, "causal", tq=T, tk=T, dtype=torch.float32)
     assert got[0].dtype == torch.float32

@@ -47,6 +47,8 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     logs3 = []
     execute("synthetic-smoke", StudyOptions(scale="small", seeds=1), out, log=logs3.append)
     assert any("1 already finished, 1 to run" in m for m in logs3)
+    assert json.loads((cells[0] / "result.json").read_text())["cell"] == cells[0].name     # written again
+    assert (cells[0] / "last.pt").stat().st_mtime_ns == ckpts[cells[0].name]               # not trained again
     assert json.loads((cells[1] / "result.json").read_text())["cell"] == cells[1].name
     assert (cells[1] / "result.json").stat().st_mtime_ns == mtimes[cells[1].name]
 
