@@ -299,7 +299,8 @@ def _bad_names(args) -> str | None:
     from kernel_attention.kernels import KERNELS
     from kernel_attention.positions import POSITIONS
 
-    checks = [("--kernels", args.kernels, KERNELS.validate, ""), ("--positions", args.positions, POSITIONS.validate, ""),
+    checks = [("--kernels", args.kernels, KERNELS.validate, ""),
+              ("--positions", args.positions, POSITIONS.validate, ""),
               ("--filters", [f for f in args.filters or [] if f not in FILTER_SPECS], make_filter, ""),
               ("--backends", [b for b in args.backends or [] if b != AUTO], resolve_backend, f"; or {AUTO!r}"),
               ("--device", [args.device], torch.device, "")]

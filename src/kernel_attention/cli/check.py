@@ -1,11 +1,11 @@
 """``kernel-attention check``: every registered variant against an independent reference.
 
 Kernels, positional schemes, value functions and filters are compared with the plain O(T²) loops of
-:mod:`kernel_attention.reference`; ``exp`` also with PyTorch's fused attention and IKA's Proposition 1 (log k = log similarity + log magnitude);
-the similarity of each positive similarity x magnitude kernel with IKA's scalar formula, pair by pair, and the
-normalisation of their weights; each backend with ``dense`` on the first of a few calls it runs (a backend this machine runs
-none of, such as a GPU's, is listed as not checked, with why).  Prints one line per check and exits non-zero if
-any disagrees.
+:mod:`kernel_attention.reference`; ``exp`` also with PyTorch's fused attention and IKA's Proposition 1 (log k =
+log similarity + log magnitude); the similarity of each positive similarity x magnitude kernel with IKA's scalar
+formula, pair by pair, and the normalisation of their weights; each backend with ``dense`` on the first of a few
+calls it runs (a backend this machine runs none of, such as a GPU's, is listed as not checked, with why).  Prints
+one line per check and exits non-zero if any disagrees.
 """
 
 from __future__ import annotations

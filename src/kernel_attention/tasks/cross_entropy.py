@@ -94,7 +94,8 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float = 0.0,
     docstring; PyTorch's ``cross_entropy(label_smoothing=epsilon V / (V - 1))`` is the same loss).
 
     logits (..., V), target (...) long.  Returns ``(mean smoothed loss, mean nll, n_tokens)``, 0-d tensors (the
-    logits' dtype widened to float32 at least, twice, then long); the nll carries no gradient.  Nothing to score (every target ignored) gives zeros, not NaN.
+    logits' dtype widened to float32 at least, twice, then long); the nll carries no gradient.  Nothing to score
+    (every target ignored) gives zeros, not NaN.
     """
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} need a target of shape {tuple(logits.shape[:-1])}, "

@@ -29,7 +29,8 @@ from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
 from kernel_attention.training.checkpoint import load_model_state
 from kernel_attention.training.task import Task
 
-__all__ = ["prepare", "train", "train_config", "load_run", "run_dir_of", "build_checked", "build_run", "merge_overrides"]
+__all__ = ["prepare", "train", "train_config", "load_run", "run_dir_of", "build_checked", "build_run",
+           "merge_overrides"]
 
 
 def train_config(cfg: Mapping[str, Any]) -> TrainConfig:

@@ -24,8 +24,8 @@ dict taken at the evaluation with the best selection metric so far)::
     }
 
 The snapshots ``step_<k>.pt`` and an averaged ``average.pt`` (:mod:`.averaging`) are the same dict without
-``optimizer``, ``scaler``, ``rng``, ``task_state``, ``log_window`` and ``schedule`` (``average.pt`` adds ``averaged``: the steps it averages): they
-load for evaluation, not for a resume.
+``optimizer``, ``scaler``, ``rng``, ``task_state``, ``log_window`` and ``schedule`` (``average.pt`` adds
+``averaged``: the steps it averages): they load for evaluation, not for a resume.
 
 Every value is a tensor or plain Python, so the file loads with ``torch.load(weights_only=True)``.
 Writing goes to ``<name>.<pid>.tmp`` in the same directory and is moved in place with :func:`os.replace`
