@@ -4,7 +4,6 @@ prompt with a trained language model (greedy at temperature 0, else sampling wit
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from kernel_attention.cli.counts import at_least
@@ -16,20 +15,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("--prompt", required=True, help="whitespace-tokenised words")
     p.add_argument("--max-new", type=at_least(1, "words to add"), default=20)
-    p.add_argument("--temperature", type=_temperature, default=0.0, help="0: greedy; > 0: sampling")
+    p.add_argument("--temperature", type=at_least(0, "0: greedy", float), default=0.0, help="0: greedy; > 0: sampling")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     return p
-
-
-def _temperature(text: str) -> float:
-    try:
-        t = float(text)
-    except ValueError:
-        t = -1.0
-    if not (t >= 0.0 and math.isfinite(t)):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0: greedy), got {text!r}")
-    return t
 
 
 def run(args) -> int:
