@@ -106,6 +106,9 @@ def test_labels_file_in_row_order_and_a_split_column(tmp_path):
     (lambda d: (d / "features.csv").write_text("node,a,b,label\nn0,1,2,red\nn0,1,2,blue\n"), DataFormatError,
      r"features\.csv:3: node id 'n0' repeats line 2"),
     (lambda d: (d / "train.txt").write_text("n0\n"), MissingDataError, r"train\.txt but no test\.txt"),
+    # a first edge between unknown ids is no header row (a header names its columns without digits)
+    (lambda d: (d / "edges.csv").write_text("p98,p99\nn0,n1\n"), DataFormatError,
+     r"edges\.csv:1: node id 'p98' has no row in features\.csv .*a header row names its columns without digits"),
 ])
 def test_bad_graph_files_name_what_is_wrong(tmp_path, damage, error, message):
     d = write_csv_graph(tmp_path / "g")
@@ -148,3 +151,19 @@ def test_bad_graph_exits_2_with_one_line(tmp_path, capsys):
     assert main(["train", config(tmp_path, f"graph:path={d},id=node"), "--check"]) == 2
     err = capsys.readouterr().err
     assert "node id 'n7x' has no row in features.csv" in err and "Traceback" not in err
+
+
+def test_a_split_value_out_of_the_vocabulary_and_negative_columns(tmp_path):
+    d = write_csv_graph(tmp_path / "g")
+    rows = (d / "features.csv").read_text().splitlines()
+    split = ["train"] * 12 + ["valid"] * 4 + ["test"] * (N - 16)
+    (d / "features.csv").write_text("\n".join([rows[0] + ",split"] + [r + f",{s}" for r, s in zip(rows[1:], split)])
+                                    + "\n")
+    g = DATASETS.create(f"graph:path={d},id=node,label=label,split=split")
+    assert [int(m.sum()) for m in (g.train_mask, g.val_mask, g.test_mask)] == [12, 4, N - 16]
+    assert DATASETS.create(f"graph:path={d},id=0,label=-2,split=-1").y.tolist() == g.y.tolist()
+    (d / "features.csv").write_text((d / "features.csv").read_text().replace("test\n", "tst\n", 1))
+    with pytest.raises(DataFormatError, match=r"the split column holds 'tst'; its values are train, valid"):
+        DATASETS.create(f"graph:path={d},id=node,label=label,split=split")
+    with pytest.raises(DataFormatError, match=r"label=-6 is not a column: the first row has 5 \(0\.\.4, or -1"):
+        DATASETS.create(f"graph:path={d},id=node,label=-6,split=split")

@@ -22,7 +22,7 @@ def test_csv_target_by_name_or_index(tmp_path):
     d2 = DATASETS.create(f"csv:path={write_table(tmp_path / 'n.csv', header=False)},target=3,ignore=0")
     assert d2.x.tolist() == d.x.tolist() and d2.y.tolist() == d.y.tolist()
     (tmp_path / "w.csv").write_text("a,y\n1,2\nx,3\n4,5\n")
-    with pytest.raises(DataFormatError, match="not a number"):
+    with pytest.raises(DataFormatError, match="not a finite number"):
         DATASETS.create(f"csv:path={tmp_path / 'w.csv'},target=y")
     with pytest.raises(DataFormatError, match="no column 'z'"):
         DATASETS.create(f"csv:path={tmp_path / 't.csv'},target=z")
@@ -45,3 +45,27 @@ def test_regression_on_a_csv_trains(tmp_path, capsys):
     from kernel_attention.tasks import build_task
     with pytest.raises(SpecError, match=r"classification dataset.*csv:path=\.\.\.,target=\.\.\."):
         build_task({**cfg, "data": {"dataset": f"csv:path={table}"}})      # no target: labelled text
+
+
+def test_negative_columns_count_from_the_end_and_out_of_range_ones_are_named(tmp_path):
+    t = write_table(tmp_path / "t.csv", header=False)
+    d = DATASETS.create(f"csv:path={t},target=3,ignore=0")
+    d2 = DATASETS.create(f"csv:path={t},target=-1,ignore=-4")
+    assert d2.x.tolist() == d.x.tolist() and d2.y.tolist() == d.y.tolist() and d2.x.shape == (30, 2)
+    for spec in ("target=-5", "target=4", "target=3,ignore=-5"):
+        with pytest.raises(DataFormatError, match=r"is not a column: the first row has 4 \(0\.\.3, or -1 for the last\)"):
+            DATASETS.create(f"csv:path={t},{spec}")
+
+
+@pytest.mark.parametrize("bad, column, fix", [("nan", "y", "every row needs a target"),
+                                              ("inf", "a", "leave such columns out with ignore=a"), ("-inf", "y", "every row needs a target")])
+def test_nan_and_inf_cells_are_named_with_their_line(tmp_path, bad, column, fix):
+    t = write_table(tmp_path / "t.csv")
+    lines = t.read_text().splitlines()
+    cells = lines[4].split(",")
+    cells[["id", "a", "b", "y"].index(column)] = bad
+    lines[4] = ",".join(cells)
+    t.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=rf"t\.csv:5: column '{column}' holds '{bad}', not a finite number "
+                                              rf"\({fix}"):
+        DATASETS.create(f"csv:path={t},target=y,ignore=id")

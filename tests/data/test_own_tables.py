@@ -72,3 +72,27 @@ def test_tsv_is_a_classification_dataset(tmp_path):
         build_task({"task": {"name": "lm"}, "data": {"dataset": f"csv:path={tmp_path}"}})
     with pytest.raises(SpecError, match="csv:path=.*tsv:path="):
         build_task({"task": {"name": "classification"}, "data": {"dataset": "text:path=x"}})
+
+
+def test_a_row_of_another_width_and_an_unclosed_quote_are_named_with_their_line(tmp_path):
+    folder = write_tsv(tmp_path / "rev")
+    with open(folder / "train.tsv", "a") as f:
+        f.write("a great\tfilm\tpos\n")                       # a tab inside the text would make 'film' a label
+    with pytest.raises(DataFormatError, match=r"train\.tsv:26: 3 field\(s\), the first row has 2 \(a tab inside"):
+        DATASETS.create(f"tsv:path={folder},text=sentence")
+    rows = [f"{'pos' if i % 2 else 'neg'},a film {i}" for i in range(40)]
+    rows[5] = 'neg,"a dull movie'                                # its quote would take in the 34 rows after it
+    (tmp_path / "q.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataFormatError, match=r"q\.csv:6: not a CSV record \(unexpected end of data\)"):
+        DATASETS.create(f"csv:path={tmp_path / 'q.csv'},text=1,label=0")
+    (tmp_path / "ok.csv").write_text('label,text\npos,"two\nlines, quoted"\nneg,b\npos,c\nneg,d\n')
+    assert DATASETS.create(f"csv:path={tmp_path / 'ok.csv'},valid=0.25,test=0.25").sizes() == \
+        {"valid": 1, "test": 1, "train": 2}
+
+
+def test_negative_text_and_label_indices(tmp_path):
+    folder = write_tsv(tmp_path / "raw", header=False)
+    d = DATASETS.create(f"tsv:path={folder},text=0,label=1")
+    assert DATASETS.create(f"tsv:path={folder},text=-2,label=-1").labels.tolist() == d.labels.tolist()
+    with pytest.raises(DataFormatError, match=r"label=-5 is not a column: the first row has 2 .*a tab\?\)"):
+        DATASETS.create(f"tsv:path={folder},text=0,label=-5")

@@ -100,11 +100,7 @@ def _index(which: str | None, first: list[str], p: Path, role: str, header: bool
     is ``first``; None when ``which`` is None."""
     if which is None:
         return None
-    i = _column(which, [], first if header else None, p, role)
-    if not -len(first) <= i < len(first):
-        raise DataFormatError(p, None, f"{role}={which}: the table has {len(first)} column(s) (0..{len(first) - 1}, "
-                                       f"or -1 for the last)")
-    return i % len(first)
+    return _column(which, len(first), first if header else None, p, role)
 
 
 def _named(*which: str | None) -> bool:
@@ -198,12 +194,13 @@ def _edge_list(p: Path, rows, where: dict[str, int], features: Path, id_col) -> 
         if len(cells) < 2:
             raise DataFormatError(p, line, f"{len(cells)} column(s); an edge is two node ids (source, target)")
         a, b = where.get(cells[0]), where.get(cells[1])
-        if a is None and b is None and r == 0:
-            continue  # a header row (source, target)
+        if a is None and b is None and r == 0 and not any(ch.isdigit() for ch in cells[0] + cells[1]):
+            continue  # a header row (source, target); a first edge between unknown ids like p98 is an error
         for cell, node in ((cells[0], a), (cells[1], b)):
             if node is None:
+                header = " (a header row names its columns without digits: source, target)" if r == 0 else ""
                 raise DataFormatError(p, line, f"node id {cell[:30]!r} has no row in {features.name} (node ids: "
-                                               f"{ids})")
+                                               f"{ids}){header}")
         out.append((a, b))
     if not out:
         raise DataFormatError(p, None, "no edges")
@@ -243,6 +240,9 @@ def _split_column(cells: list[str], p: Path) -> dict[str, list[int]]:
     for node, c in enumerate(cells):
         if c.lower() in _SPLIT_VALUES:
             out[_SPLIT_VALUES[c.lower()]].append(node)
+        elif c not in ("", "-"):
+            raise DataFormatError(p, None, f"the split column holds {c[:30]!r}; its values are train, valid (val, "
+                                           f"dev), test, or empty or - for a node in no split")
     if not out["train"] or not out["test"]:
         raise DataFormatError(p, None, f"the split column names {len(out['train'])} train and {len(out['test'])} "
                                        f"test node(s); its values are train, valid (val, dev) or test")

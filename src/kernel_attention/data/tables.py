@@ -9,9 +9,10 @@ optionally ``valid.tsv`` (or ``val`` / ``dev``; without one the classification t
 validation), or one file whose rows are shuffled with ``seed`` and cut into ``valid`` / ``test`` fractions
 (at least one row each) and the rest for training.
 
-The text and label columns are chosen by header name or by 0-based index (``text=``, ``label=``; default
-``text`` and ``label``).  ``header``: ``auto`` (the default) reads the first row as a header when a column
-is chosen by name, and as data when both are indices; ``true`` / ``false`` say so.  Labels are any strings
+The text and label columns are chosen by header name or by 0-based index, -1 the last (``text=``,
+``label=``; default ``text`` and ``label``).  ``header``: ``auto`` (the default) reads the first row as a
+header when a column is chosen by name, and as data when both are indices; ``true`` / ``false`` say so.
+Every row has the first row's number of fields.  Labels are any strings
 (``pos``, ``neg``, ``3``); the classes are the labels of all splits, sorted (as numbers when all are
 integers), numbered from 0.  TSV fields are split on tabs with no quoting (quotes are text); CSV follows the
 usual quoting (``"a, b"``).  ``tokenize=true`` lower-cases the text and splits punctuation off (words are
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 import torch
@@ -46,15 +48,36 @@ def read_table(path: str | Path, sep: str, encoding: str = "utf-8") -> tuple[Pat
     if sep == "\t":
         rows = [line.split("\t") for line in lines if line.strip()]
     else:
-        rows = [r for r in csv.reader(io.StringIO("\n".join(lines) + "\n")) if r and any(c.strip() for c in r)]
+        rows = _csv_rows(p, lines)
     if not rows:
         raise DataFormatError(p, None, "the file is empty (no rows)")
     return p, rows
 
 
-def _column(which: str, rows: list[list[str]], header: list[str] | None, p: Path, role: str) -> int:
+def _csv_rows(p: Path, lines: list[str]) -> list[list[str]]:
+    """The non-empty records of CSV lines; a malformed one (an unclosed quote would take in the rest of the
+    file) is an error naming the line it starts on."""
+    reader = csv.reader(io.StringIO("\n".join(lines) + "\n"), strict=True)
+    rows, start = [], 1
+    try:
+        for r in reader:
+            if r and any(c.strip() for c in r):
+                rows.append(r)
+            start = reader.line_num + 1
+    except csv.Error as e:
+        raise DataFormatError(p, start, f"not a CSV record ({e}): a field holding a comma, quote or line break is "
+                                        f'quoted "like, this", with a quote inside it doubled ""') from None
+    return rows
+
+
+def _column(which: str, width: int, header: list[str] | None, p: Path, role: str, hint: str = "") -> int:
+    """The 0-based index of column ``which`` (a header name, or an index; negative counts from the end)."""
     if which.lstrip("-").isdigit():
-        return int(which)
+        i = int(which)
+        if not -width <= i < width:
+            raise DataFormatError(p, None, f"{role}={which} is not a column: the first row has {width} "
+                                           f"(0..{width - 1}, or -1 for the last){hint}")
+        return i % width
     if header is None:
         raise DataFormatError(p, None, f"{role}={which!r} names a column but the file is read without a header "
                                        f"(header=false); give the column's 0-based index")
@@ -72,13 +95,17 @@ def _read_split(path: Path, sep: str, text: str, label: str, header: str,
     has_header = by_name if header == "auto" else header == "true"
     head = rows[0] if has_header and rows else None
     body = rows[1:] if has_header else rows
-    ti, li = _column(text, rows, head, p, "text"), _column(label, rows, head, p, "label")
+    width = len(rows[0])
+    hint = f" (is the separator {'a tab' if sep == chr(9) else 'a comma'}?)"
+    ti, li = _column(text, width, head, p, "text", hint), _column(label, width, head, p, "label", hint)
     texts, labels = [], []
     first = 2 if has_header else 1
     for i, row in enumerate(body):
-        if max(ti, li) >= len(row):
-            raise DataFormatError(p, None, f"row {i + first} has {len(row)} column(s); text={text} and label={label} "
-                                           f"need {max(ti, li) + 1} (is the separator {'a tab' if sep == chr(9) else 'a comma'}?)")
+        if len(row) != width:
+            why = hint[2:-1] if len(row) < width else \
+                "a tab inside the text? TSV has no quoting; a CSV file can quote it" if sep == "\t" else \
+                "a comma inside an unquoted text? quote it"
+            raise DataFormatError(p, i + first, f"{len(row)} field(s), the first row has {width} ({why})")
         if not row[li].strip():
             raise DataFormatError(p, None, f"row {i + first} has an empty label")
         texts.append(row[ti].strip())
@@ -149,10 +176,12 @@ def load_table_classification(path: str | Path, sep: str, text: str = "text", la
 
 
 def _number(cell: str) -> float | None:
+    """The cell as a finite float, else None (``nan`` and ``inf`` are no measurement)."""
     try:
-        return float(cell)
+        v = float(cell)
     except ValueError:
         return None
+    return v if math.isfinite(v) else None
 
 
 def load_table_regression(path: str | Path, sep: str, target: str, ignore: str | None = None,
@@ -176,10 +205,8 @@ def load_table_regression(path: str | Path, sep: str, target: str, ignore: str |
     body = rows[1:] if has_header else rows
     width = len(rows[0])
     names = head or [str(i) for i in range(width)]
-    ti = _column(target, rows, head, p, "target")
-    skip = {_column(w.strip(), rows, head, p, "ignore") for w in (ignore or "").split("+") if w.strip()}
-    if ti >= width or any(i >= width for i in skip):
-        raise DataFormatError(p, None, f"the file has {width} columns (0..{width - 1})")
+    ti = _column(target, width, head, p, "target")
+    skip = {_column(w.strip(), width, head, p, "ignore") for w in (ignore or "").split("+") if w.strip()}
     feats = [i for i in range(width) if i != ti and i not in skip]
     if not feats:
         raise DataFormatError(p, None, "no feature column is left besides the target")
@@ -191,8 +218,9 @@ def load_table_regression(path: str | Path, sep: str, target: str, ignore: str |
         nums = [_number(c) for c in row]
         bad = next((i for i in [ti, *feats] if nums[i] is None), None)
         if bad is not None:
-            raise DataFormatError(p, r + first, f"column {names[bad]!r} holds {row[bad][:30]!r}, not a number "
-                                                f"(leave such columns out with ignore={names[bad]})")
+            fix = "every row needs a target" if bad == ti else f"leave such columns out with ignore={names[bad]}"
+            raise DataFormatError(p, r + first, f"column {names[bad]!r} holds {row[bad][:30]!r}, not a finite "
+                                                f"number ({fix})")
         values.append(nums)
     if len(values) < 3:
         raise DataFormatError(p, None, f"{len(values)} rows are too few for a regression")
