@@ -1,5 +1,7 @@
 """Translation task end to end on a tiny parallel corpus (fairseq layout) the test writes."""
 
+import re
+
 import pytest
 import torch
 
@@ -47,3 +49,33 @@ def test_translation_bad_configs(tmp_path):
         build_task({"task": "translation", "data": {"dataset": "wikitext-2"}})
     with pytest.raises(SpecError, match="eval.bleu"):
         build_task({"task": "translation", "data": {"dataset": "iwslt14"}, "eval": {"bleu": "chrf"}})
+
+
+@pytest.mark.parametrize("damage, task_keys, message", [
+    (lambda f: [(f / f"train.{l}").write_text("") for l in ("de", "en")], {},
+     r"the train split holds no sentence pair$"),
+    (lambda f: [(f / f"test.{l}").write_text("") for l in ("de", "en")], {}, r"the test split holds no sentence pair"),
+    (lambda f: None, {"max_len": 1}, r"the train split holds no sentence pair \(\d+ dropped by the length filter, "
+                                     r"task\.max_len=1\)"),
+    (lambda f: None, {"max_tokens": 3}, r"task\.max_tokens=3 is less than the longest pair of the train split \(\d+ "
+                                        r"tokens with <bos>/<eos>\); raise task\.max_tokens or lower task\.max_len"),
+])
+def test_an_empty_split_or_a_pair_beyond_max_tokens_is_refused_before_training(tmp_path, capsys, damage, task_keys,
+                                                                              message):
+    """Each would have trained and then failed (an empty train split: epochs without a batch, forever; an empty
+    test split: sacreBLEU on no sentence after the last update; a long pair: the first batch)."""
+    import yaml
+
+    from kernel_attention.cli import main
+
+    spec = write_parallel(tmp_path)
+    damage(tmp_path / "iwslt14.tokenized.de-en")
+    cfg = {"task": {"name": "translation", "max_tokens": 200, "bpe_vocab_size": 60, **task_keys},
+           "data": {"dataset": spec}, "model": {"d_model": 16, "n_heads": 2, "d_ff": 32, "enc_layers": 1,
+                                                "dec_layers": 1}}
+    with pytest.raises(SpecError, match=message):
+        build_task(cfg).prepare_data()
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump({**cfg, "train": {"max_steps": 2}}))
+    assert main(["train", str(tmp_path / "t.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and re.search(message.rstrip("$"), err)

@@ -135,6 +135,13 @@ def test_max_epochs_and_partial_last_group(tmp_path):
     assert sum(1 for r in recs if r.get("checkpoint") == "best") == 1
 
 
+def test_an_epoch_with_no_batch_is_an_error_not_an_endless_loop(tmp_path):
+    from kernel_attention.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"the training split gave no batch in epoch 0 \(rank 0 of 1\)"):
+        Trainer(ToyTask(n_batches=0), _cfg(eval_every=0, checkpoint_every=0), tmp_path).fit()
+
+
 def test_schedule_drives_optimizer_lr(tmp_path):
     Trainer(ToyTask(), _cfg(max_steps=6, schedule="inverse_sqrt:warmup=3,warmup_init_lr=1e-4",
                             eval_every=0, checkpoint_every=0), tmp_path).fit()

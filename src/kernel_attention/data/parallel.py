@@ -141,11 +141,14 @@ class TranslationSplit:
     def __len__(self) -> int:
         return len(self.src)
 
+    def lengths(self) -> list[int]:
+        """The padded length each pair needs in a batch: ``max(S_i, T_i + 1)`` (``<bos>`` / ``<eos>`` counted)."""
+        return [max(s.numel(), t.numel() + 1) for s, t in zip(self.src, self.tgt)]
+
     def batches(self, max_tokens: int, pad_id: int, bos_id: int, eos_id: int, seed: int | None = None,
                 max_sentences: int | None = None) -> Iterator["TranslationBatch"]:
         """Token-based batches (padded size <= ``max_tokens``, counting ``<bos>``/``<eos>``)."""
-        lengths = [max(s.numel(), t.numel() + 1) for s, t in zip(self.src, self.tgt)]
-        for idx in batch_by_tokens(lengths, max_tokens, max_sentences, seed):
+        for idx in batch_by_tokens(self.lengths(), max_tokens, max_sentences, seed):
             yield collate([self.src[i] for i in idx], [self.tgt[i] for i in idx], [self.index[i] for i in idx],
                           pad_id, bos_id, eos_id)
 

@@ -70,8 +70,21 @@ class TranslationTask(Task):
                 obj = prepare_translation(obj, self.bpe_vocab_size, joint=self.joint_bpe, max_len=self.max_len)
             if not isinstance(obj, TranslationData):
                 raise SpecError(f"task 'translation' needs parallel text, got {type(obj).__name__}")
+            for name, split in obj.splits.items():
+                self._check_split(name, split, obj.filtered.get(name, 0))
             self._prepared = obj
         return self._prepared
+
+    def _check_split(self, name: str, split, dropped: int = 0) -> None:
+        """Before any update: the split holds a pair, and its longest pair fits a batch of ``max_tokens``."""
+        if not len(split):
+            why = f" ({dropped} dropped by the length filter, task.max_len={self.max_len})" if dropped else ""
+            raise SpecError(f"task 'translation': the {name} split holds no sentence pair{why}")
+        longest = max(split.lengths())
+        if longest > self.max_tokens:
+            raise SpecError(f"task 'translation': task.max_tokens={self.max_tokens} is less than the longest pair of "
+                            f"the {name} split ({longest} tokens with <bos>/<eos>); raise task.max_tokens"
+                            + (" or lower task.max_len" if name == "train" else ""))
 
     def build_model(self) -> nn.Module:
         from kernel_attention.models import MODELS
@@ -100,7 +113,9 @@ class TranslationTask(Task):
         instead of the dataset's test split; returns the number of pairs."""
         from kernel_attention.data.parallel import encode_pairs, read_parallel_files
         src, tgt = read_parallel_files(src_path, tgt_path)
-        self.prepared.splits["test"] = encode_pairs(self.prepared, src, tgt)
+        test = encode_pairs(self.prepared, src, tgt)
+        self._check_split(f"test ({src_path}, {tgt_path})", test)
+        self.prepared.splits["test"] = test
         return len(src)
 
     def _split(self, split: str):
@@ -110,7 +125,9 @@ class TranslationTask(Task):
             obj = load_dataset(self.data, "task 'translation'")
             if not isinstance(obj, ParallelText):
                 raise SpecError(f"task 'translation' needs parallel text, got {type(obj).__name__}")
-            d.splits[split] = encode_pairs(d, *obj.splits[split])
+            encoded = encode_pairs(d, *obj.splits[split])
+            self._check_split(split, encoded)
+            d.splits[split] = encoded
         return d.splits[split]
 
     def _batches(self, split: str, seed: int | None):

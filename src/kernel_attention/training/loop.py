@@ -71,6 +71,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from kernel_attention.config import ConfigError
 from kernel_attention.training import distributed as D
 from kernel_attention.training.averaging import drop_snapshots_after, keep_snapshot
 from kernel_attention.training.checkpoint import (get_rng_state, load_checkpoint, load_model_state, save_checkpoint,
@@ -353,10 +354,15 @@ class Trainer:
                 it = iter(self.task.train_batches(self.epoch, self.info.rank, self.info.world_size))
                 for _ in itertools.islice(it, self.position):  # skip what a resumed run already consumed
                     pass
+                fresh = self.position == 0
                 while not self._done():
                     group = list(itertools.islice(it, c.accum_steps))
                     if not group:
+                        if fresh:  # an epoch with no batch would be followed by another, forever
+                            raise ConfigError(f"the training split gave no batch in epoch {self.epoch} (rank "
+                                              f"{self.info.rank} of {self.info.world_size}): nothing to train on")
                         break
+                    fresh = False
                     logs = self._update(group)
                     for k, v in logs.items():
                         acc[k] = acc.get(k, 0.0) + v
