@@ -127,3 +127,25 @@ def test_a_data_root_is_still_checked_as_one(tmp_path, capsys, layout):
         (tmp_path / "train.txt").write_text("a b\n")     # a stray file does not make the root a corpus
     rc, out, _ = check(capsys, tmp_path)
     assert rc == 0 and out.startswith(f"data root: {tmp_path}") and "summary: " in out
+
+
+def test_a_folder_whose_file_does_not_read_is_named_and_one_of_no_layout_exits_2(tmp_path, capsys):
+    """Detection reads the folder's files too: a file it cannot read is reported as unreadable (1, file and
+    line), never a traceback; a folder with files of no layout and no staged dataset is no data root (2)."""
+    g = write_csv_graph(tmp_path / "g")
+    (g / "features.csv").write_text("")
+    empty = tmp_path / "e"
+    empty.mkdir()
+    (empty / "train.tsv").write_text("")
+    extra = write_tsv(tmp_path / "xt")
+    with open(extra / "train.tsv", "a") as f:
+        f.write("a great\tfilm\tpos\n")
+    for path, message in ((g, "features.csv: the file is empty"), (empty, "train.tsv: the file is empty (no rows)"),
+                          (extra, "train.tsv:26: 3 field(s), the first row has 2")):
+        rc, _, err = check(capsys, path)
+        assert rc == 1 and message in err and "Traceback" not in err, err
+    other = tmp_path / "m"
+    other.mkdir()
+    (other / "training.tsv").write_text("sentence\tlabel\na b c\tpos\n")
+    rc, out, err = check(capsys, other)
+    assert rc == 2 and "holds none of the layouts of your own data" in err and "no staged dataset" in err and not out

@@ -127,9 +127,10 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
 
 def _own_data(path: str | None, names, download: bool) -> str | int | None:
     """``path`` when it names the user's own data (a by-path spec, a file, or a folder that is no data root
-    and holds one of their layouts), 2 (after a message) when it does not exist, else None: a data root."""
+    and holds one of their layouts), 2 (after a message) when it does not exist or is a folder with files
+    but neither a staged dataset nor a layout, else None: a data root (one with a staged dataset, or empty)."""
     from kernel_attention.data.datasets import SPECS
-    from kernel_attention.data.files import MissingDataError
+    from kernel_attention.data.files import DataFormatError, MissingDataError
     from kernel_attention.data.own_check import detect_spec
 
     if path is None or names or download:
@@ -155,8 +156,14 @@ def _own_data(path: str | None, names, download: bool) -> str | int | None:
             return None
         try:
             detect_spec(path)
-        except MissingDataError:
-            return None  # neither: checked as a data root, which says what is missing
+        except MissingDataError as e:
+            if not any(p.iterdir()):
+                return None  # an empty folder: checked as a data root, which says what to place there
+            print(f"kernel-attention: data check: {e}; as a data root it holds no staged dataset's folder "
+                  f"(docs/data.md)", file=sys.stderr)
+            return 2
+        except (DataFormatError, ValueError):
+            pass  # a layout whose file does not read: run_check_own names the file and line
     return path
 
 

@@ -91,7 +91,7 @@ def _rows(path: Path, encoding: str, comments: bool = False) -> tuple[Path, list
             cells = line.split()
         out.append((i + 1, [c.strip() for c in cells]))
     if not out:
-        raise DataFormatError(p, None, "no rows")
+        raise DataFormatError(p, None, "the file is empty (no rows)")
     return p, out
 
 

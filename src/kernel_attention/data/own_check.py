@@ -57,7 +57,7 @@ def _words(cell: str) -> int:
 def _table_spec(name: str, p: Path, rows: list[list[str]], labelled: bool = False) -> str:
     """The spec of a labelled-text or numeric table whose rows (all of them, the first maybe a header) are ``rows``;
     ``labelled``: labelled text whatever its columns hold (a folder's tables are, a numeric table is one file)."""
-    width = max(len(r) for r in rows)
+    width = len(rows[0])  # the loader's rule: every row has the first row's fields (it names a row that has not)
     body = [r for r in rows[1:] if len(r) == width] or rows
     per_col = [[r[i] for r in body] for i in range(width)]
     words = [sum(map(_words, c)) / len(c) for c in per_col]

@@ -111,7 +111,7 @@ def _read_split(path: Path, sep: str, text: str, label: str, header: str,
         texts.append(row[ti].strip())
         labels.append(row[li].strip())
     if not texts:
-        raise DataFormatError(p, None, "no rows")
+        raise DataFormatError(p, None, "no rows under the header")
     return texts, labels
 
 
@@ -198,8 +198,6 @@ def load_table_regression(path: str | Path, sep: str, target: str, ignore: str |
         raise MissingDataError(f"regression data {p} is a folder: give one table file (target=... reads "
                                f"one file; the regression task cuts its own splits)")
     p, rows = read_table(resolve(p), sep, encoding)
-    if not rows:
-        raise DataFormatError(p, None, "no rows")
     has_header = (any(_number(c) is None for c in rows[0]) if header == "auto" else header == "true")
     head = [h.strip() for h in rows[0]] if has_header else None
     body = rows[1:] if has_header else rows
