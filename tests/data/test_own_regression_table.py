@@ -42,6 +42,10 @@ def test_regression_on_a_csv_trains(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(run)]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rmse"] >= 0
+    table.rename(tmp_path / "gone.csv")                   # the model is sized from the table's columns
+    assert main(["evaluate", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "is sized from its data (a regression run keeps no vocabulary files" in err and "written before" not in err
     from kernel_attention.tasks import build_task
     with pytest.raises(SpecError, match=r"classification dataset.*csv:path=\.\.\.,target=\.\.\."):
         build_task({**cfg, "data": {"dataset": f"csv:path={table}"}})      # no target: labelled text
@@ -53,12 +57,13 @@ def test_negative_columns_count_from_the_end_and_out_of_range_ones_are_named(tmp
     d2 = DATASETS.create(f"csv:path={t},target=-1,ignore=-4")
     assert d2.x.tolist() == d.x.tolist() and d2.y.tolist() == d.y.tolist() and d2.x.shape == (30, 2)
     for spec in ("target=-5", "target=4", "target=3,ignore=-5"):
-        with pytest.raises(DataFormatError, match=r"is not a column: the first row has 4 \(0\.\.3, or -1 for the last\)"):
+        with pytest.raises(DataFormatError, match=r"is not a column: the first row has 4 \(0\.\.3, or -1 for the "):
             DATASETS.create(f"csv:path={t},{spec}")
 
 
 @pytest.mark.parametrize("bad, column, fix", [("nan", "y", "every row needs a target"),
-                                              ("inf", "a", "leave such columns out with ignore=a"), ("-inf", "y", "every row needs a target")])
+                                              ("inf", "a", "leave such columns out with ignore=a"),
+                                              ("-inf", "y", "every row needs a target")])
 def test_nan_and_inf_cells_are_named_with_their_line(tmp_path, bad, column, fix):
     t = write_table(tmp_path / "t.csv")
     lines = t.read_text().splitlines()

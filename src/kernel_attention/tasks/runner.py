@@ -23,7 +23,7 @@ import torch
 
 from kernel_attention.config import ConfigError, dump_config
 from kernel_attention.data.files import MissingDataError
-from kernel_attention.tasks import build_task
+from kernel_attention.tasks import TASKS, build_task
 from kernel_attention.tasks.resume_check import check_resume_config
 from kernel_attention.training import TrainConfig, Trainer, load_checkpoint
 from kernel_attention.training.checkpoint import load_model_state
@@ -161,6 +161,10 @@ def build_run(cfg: Mapping[str, Any], artifacts: Mapping[str, Any] | None,
     except MissingDataError as e:
         if artifacts:
             raise
+        if not hasattr(task, "save_artifacts"):
+            kind = TASKS.validate(cfg["task"])[0]
+            raise MissingDataError(f"the model of {path} is sized from its data (a {kind} run keeps no vocabulary "
+                                   f"files: its features and classes come from the data), which is missing: {e}") from None
         raise MissingDataError(f"{path} was written before runs kept their vocabulary / BPE in the run directory, "
                                f"so they are rebuilt from the training data, which is missing: {e}") from None
     return task, model
