@@ -103,3 +103,51 @@ def test_translation_by_path_en_fr_trains(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "run"), "--split", "valid"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.0 <= out["bleu"] <= 100.0
+
+
+def test_inputs_at_inference_are_tokenised_as_the_training_data_was(tmp_path):
+    """With ``tokenize=true`` the training text is lower-cased and its punctuation split off; a raw sentence
+    given to ``classify``, ``translate_lines`` or ``evaluate --test-src/--test-tgt`` goes through the same, so
+    "The cat sleeps." is read as the training data's "the cat sleeps ." (not as unknown words)."""
+    import torch
+
+    from kernel_attention.tasks import build_task
+
+    raw = ["The cat sleeps.", "A dog runs!", "The red house?"]
+    folder = tmp_path / "tsv"
+    folder.mkdir()
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.tsv").write_text("".join(f"{s}\t{'pos' if i % 2 else 'neg'}\n"
+                                                     for i, s in enumerate(raw * 4)))
+    task = build_task({"task": {"name": "classification"},
+                       "data": {"dataset": f"tsv:path={folder},text=0,label=1,tokenize=true"}})
+    task.prepare_data()
+
+    class Seen(torch.nn.Module):
+        def forward(self, tokens):
+            self.tokens = tokens
+            return torch.zeros(tokens.shape[0], 2)
+
+    seen = Seen()
+    task.classify(seen, raw)
+    assert seen.tokens.tolist() == [task.vocab.encode(s.split()).tolist()
+                                    for s in ("the cat sleeps .", "a dog runs !", "the red house ?")]
+    assert task.vocab.unk_id not in seen.tokens.flatten().tolist()
+
+    pairs = write_pairs(tmp_path / "pairs")
+    (pairs / "raw.en").write_text("The cat sleeps.\nA dog runs!\n")
+    (pairs / "tok.en").write_text("the cat sleeps .\na dog runs !\n")
+    (pairs / "raw.fr").write_text("Le chat dort.\nUn chien court!\n")
+    mt = build_task({"task": {"name": "translation", "max_tokens": 200, "bpe_vocab_size": 60},
+                     "data": {"dataset": f"parallel:path={pairs},src=en,tgt=fr,tokenize=true"}})
+    mt.prepare_data()
+    sources = []
+    mt.translate_ids = lambda model, src: sources.append(src) or [[] for _ in range(src.shape[0])]
+    mt.translate_lines(None, ["The cat sleeps.", "A dog runs!"])
+    mt.translate_lines(None, ["the cat sleeps .", "a dog runs !"])
+    assert sources[0].tolist() == sources[1].tolist()
+    mt.set_test_pair(pairs / "raw.en", pairs / "raw.fr")
+    raw_test = [t.tolist() for t in mt.prepared.splits["test"].src]
+    mt.set_test_pair(pairs / "tok.en", pairs / "raw.fr")
+    assert raw_test == [t.tolist() for t in mt.prepared.splits["test"].src]
+    assert mt.prepared.splits["test"].ref == ["le chat dort .", "un chien court !"]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernel_attention.tasks.common import check_options, generator, model_spec
-from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
+from kernel_attention.tasks.data_source import check_dataset_spec, dataset_param, load_dataset
 from kernel_attention.training.metrics import accuracy
 from kernel_attention.training.task import Task
 
@@ -110,9 +110,13 @@ class ClassificationTask(Task):
 
     @torch.no_grad()
     def classify(self, model: nn.Module, texts: list[str]) -> list[Any]:
-        """The predicted class of each (whitespace-tokenised) text: its label string where the data named
-        them (your own TSV / CSV files), else the class number."""
+        """The predicted class of each text, split into words as the training texts were (on whitespace, after
+        lower-casing and splitting punctuation off where the data spec says ``tokenize=true``): its label string
+        where the data named them (your own TSV / CSV files), else the class number."""
+        from kernel_attention.data.parallel import simple_tokenize
         model.eval()
+        if dataset_param(self.data, "tokenize", False):
+            texts = [simple_tokenize(t) for t in texts]
         xs = [self.vocab.encode(t.split()[:self.max_len] or ["<unk>"]) for t in texts]
         pred = model(self.to_device(self._batch(xs, torch.zeros(len(xs), dtype=torch.long)))["tokens"]).argmax(-1)
         return [self.label_names[int(i)] if self.label_names else int(i) for i in pred.cpu()]

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from kernel_attention.registry import SpecError
 
-__all__ = ["DATA_KEYS", "load_dataset", "check_dataset_spec", "check_data_section"]
+__all__ = ["DATA_KEYS", "load_dataset", "check_dataset_spec", "check_data_section", "dataset_param"]
 
 #: the keys of a ``data:`` section, with what each holds
 DATA_KEYS = {"dataset": "a dataset name such as 'wikitext-2', or a mapping {name: ..., root: ...}; your own "
@@ -93,3 +93,14 @@ def load_dataset(data: Mapping[str, Any] | None, where: str) -> Any:
         from kernel_attention.data import DATASETS
         return DATASETS.create(spec)
     return spec
+
+
+def dataset_param(data: Mapping[str, Any] | None, key: str, default: Any = None) -> Any:
+    """The dataset spec's parameter ``key`` (the registry's default where the spec leaves it out), without
+    reading a file: say ``tokenize``, which inputs given at inference must go through too; ``default`` for a
+    dataset given as an object or one without that parameter."""
+    spec = _spec(data, "the data section")
+    if not isinstance(spec, (str, Mapping)):
+        return default
+    from kernel_attention.data import DATASETS
+    return DATASETS.validate(spec)[1].get(key, default)

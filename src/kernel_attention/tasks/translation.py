@@ -21,7 +21,7 @@ from torch import nn
 
 from kernel_attention.registry import SpecError
 from kernel_attention.tasks.common import check_options, generator, label_smoothed_nll, model_spec
-from kernel_attention.tasks.data_source import check_dataset_spec, load_dataset
+from kernel_attention.tasks.data_source import check_dataset_spec, dataset_param, load_dataset
 from kernel_attention.training.decoding import beam_search, greedy_search
 from kernel_attention.training.metrics import sacrebleu_score, tokenized_bleu
 from kernel_attention.training.task import Task, unwrap
@@ -109,11 +109,11 @@ class TranslationTask(Task):
         self._n_train = int(artifacts["n_train"])
 
     def set_test_pair(self, src_path, tgt_path) -> int:
-        """Evaluate ``split='test'`` on these two aligned files (tokenised text, one sentence per line)
-        instead of the dataset's test split; returns the number of pairs."""
+        """Evaluate ``split='test'`` on these two aligned files (one sentence per line, tokenised as the
+        training data was, :meth:`_as_trained`) instead of the dataset's test split; returns the number of pairs."""
         from kernel_attention.data.parallel import encode_pairs, read_parallel_files
         src, tgt = read_parallel_files(src_path, tgt_path)
-        test = encode_pairs(self.prepared, src, tgt)
+        test = encode_pairs(self.prepared, self._as_trained(src), self._as_trained(tgt))
         self._check_split(f"test ({src_path}, {tgt_path})", test)
         self.prepared.splits["test"] = test
         return len(src)
@@ -172,10 +172,18 @@ class TranslationTask(Task):
                                 device=src.device)
         return [[t for t in row if t not in (v.pad_id, v.eos_id)] for row in out.tokens.tolist()]
 
+    def _as_trained(self, lines: list[str]) -> list[str]:
+        """Sentences tokenised as the training data was: lower-cased with punctuation split off where the data
+        spec says ``tokenize=true``, else as they are (whitespace-tokenised text)."""
+        from kernel_attention.data.parallel import simple_tokenize
+        return [simple_tokenize(x) for x in lines] if dataset_param(self.data, "tokenize", False) else list(lines)
+
     def translate_lines(self, model: nn.Module, lines: list[str]) -> list[str]:
-        """Tokenised source sentences -> tokenised translations (BPE applied and removed)."""
+        """Source sentences (tokenised as the training data was, :meth:`_as_trained`) -> tokenised
+        translations (BPE applied and removed)."""
         from kernel_attention.data.bpe import remove_bpe
         d = self.prepared
+        lines = self._as_trained(lines)
         ids = [d.src_vocab.encode(d.src_bpe.encode(line).split(), eos=True) for line in lines]
         out: list[str] = []
         bs = int(self.eval_opts["batch_size"])
