@@ -20,7 +20,8 @@ def test_read_lines_splits_on_newline_only_and_keeps_0x85(tmp_path):
 def test_read_lines_utf8_error_names_file_and_line(tmp_path):
     p = tmp_path / "bad.txt"
     p.write_bytes(b"ok\nalso ok\nbad \xe9 byte\n")
-    with pytest.raises(DataFormatError, match=r"bad\.txt:3: cannot decode as utf-8"):
+    with pytest.raises(DataFormatError, match=r"bad\.txt:3: cannot decode as utf-8 .*save the file as UTF-8 "
+                                              r".*encoding=latin-1 where the dataset takes one"):
         read_lines(p, "utf-8")
 
 

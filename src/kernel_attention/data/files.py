@@ -116,7 +116,9 @@ def split_lines(raw: bytes, where: str | os.PathLike, encoding: str = "utf-8",
             lines.append(b.decode("utf-8-sig" if i == 0 and encoding.lower() in ("utf-8", "utf8") else encoding))
         except UnicodeDecodeError as e:
             raise DataFormatError(
-                where, i + 1, f"cannot decode as {encoding} ({e.reason} at byte {e.start}); try encoding='latin-1'"
+                where, i + 1, f"cannot decode as {encoding} ({e.reason} at byte {e.start}); save the file as "
+                              f"UTF-8 (iconv -f latin1 -t utf-8), or read it with encoding=latin-1 where the dataset "
+                              f"takes one (tsv, csv, graph)"
             ) from None
     return lines
 
