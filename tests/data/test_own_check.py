@@ -149,3 +149,10 @@ def test_a_folder_whose_file_does_not_read_is_named_and_one_of_no_layout_exits_2
     (other / "training.tsv").write_text("sentence\tlabel\na b c\tpos\n")
     rc, out, err = check(capsys, other)
     assert rc == 2 and "holds none of the layouts of your own data" in err and "no staged dataset" in err and not out
+
+
+def test_a_path_with_a_comma_says_how_to_give_it(tmp_path, capsys):
+    corpus = write_text(tmp_path / "c,v2", n=4)
+    rc, out, err = check(capsys, corpus)
+    assert rc == 2 and "a path with a comma cannot go in a spec string" in err and "Traceback" not in err
+    assert f"data: {{dataset: {{name: ..., path: {str(corpus)!r}}}}}" in err

@@ -28,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..registry import SpecError
 from .files import MissingDataError
 from .graph_files import _rows, find_graph_file
 from .tables import _number, read_table
@@ -96,6 +97,10 @@ def detect_spec(path: str) -> str:
     if ":" in path and head in SPECS and SPECS[head].by_path:
         return path
     p = Path(path).expanduser()
+    if "," in path and p.exists():  # a spec string splits its parameters on commas
+        raise SpecError(f"{path}: a path with a comma cannot go in a spec string (name:path=...,key=value); "
+                        f"rename it, or give the dataset as a mapping in the config: "
+                        f"data: {{dataset: {{name: ..., path: {path!r}}}}}")
     if ":" in path and "=" in path and not p.exists():  # a spec of a kind that reads no path of the user's
         kinds = ", ".join(sorted(n for n, s in SPECS.items() if s.by_path))
         raise MissingDataError(f"{path}: {head!r} is no dataset that reads your own data; accepted: {kinds} "
