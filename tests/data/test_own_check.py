@@ -156,3 +156,24 @@ def test_a_path_with_a_comma_says_how_to_give_it(tmp_path, capsys):
     rc, out, err = check(capsys, corpus)
     assert rc == 2 and "a path with a comma cannot go in a spec string" in err and "Traceback" not in err
     assert f"data: {{dataset: {{name: ..., path: {str(corpus)!r}}}}}" in err
+
+
+@pytest.mark.parametrize("layout", ["labels-file", "split-last"])
+def test_a_graphs_label_column_is_found_in_a_labels_file_and_before_a_split_column(tmp_path, capsys, layout):
+    """The detected label column is the labels file's last (when there is one and it has no column `label`), and a
+    last column of train / valid / test values is read as the split column, the label the one before it."""
+    g = write_csv_graph(tmp_path / "g", n=20, labels="topic")
+    rows = (g / "features.csv").read_text().splitlines()
+    if layout == "labels-file":
+        (g / "features.csv").write_text("\n".join(r.rsplit(",", 1)[0] for r in rows) + "\n")
+        (g / "labels.csv").write_text("\n".join(",".join((r.split(",")[0], r.rsplit(",", 1)[1])) for r in rows) + "\n")
+        want = f"graph:path={g},id=node,label=topic"
+    else:
+        split = ["train"] * 12 + ["valid"] * 4 + ["test"] * 4
+        (g / "features.csv").write_text("\n".join([rows[0] + ",part"] + [r + f",{s}" for r, s in zip(rows[1:], split)])
+                                        + "\n")
+        want = f"graph:path={g},id=node,split=part,label=topic"
+    rep = report(capsys, g)
+    assert rep["spec"] == want and rep["classes"] == {"blue": 10, "red": 10}
+    if layout == "split-last":
+        assert rep["splits"] == "column split=part" and rep["sizes"].endswith("train 12 / val 4 / test 4")

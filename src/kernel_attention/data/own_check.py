@@ -5,7 +5,8 @@
 
 * a folder with ``edges.*`` and ``features.*`` (``.csv``, ``.tsv``, ``.txt``): a graph for node
   classification; its node-id column is the first column when that holds no numbers, its label column
-  ``label``, else the last column (of ``labels.*`` when there is one);
+  ``label``, else the last column (of ``labels.*`` when there is one), or the one before it when the last
+  holds train / valid / test (then the split column);
 * a folder with ``train.txt``: a language-model corpus; with ``train.tsv`` / ``train.csv``: labelled text;
   with ``train.XX`` and ``train.YY`` for two other suffixes: parallel text, ``src`` and ``tgt`` in
   alphabetical order;
@@ -28,9 +29,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..registry import SpecError
+from kernel_attention.registry import SpecError
 from .files import MissingDataError
-from .graph_files import _rows, find_graph_file
+from .graph_files import _SPLIT_VALUES, _rows, find_graph_file
 from .tables import _number, read_table
 
 __all__ = ["detect_spec", "describe_own", "TASK_OF_KIND"]
@@ -83,8 +84,16 @@ def _graph_spec(folder: Path) -> str:
     spec = f"graph:path={folder}"
     if _number(body[0]) is None:  # the first column holds no numbers: node ids
         spec += f",id={first[0] if header else 0}"
-    if find_graph_file(folder, "labels") is None and "label" not in first:
-        spec += f",label={first[-1] if header else -1}"
+    labels = find_graph_file(folder, "labels")
+    if labels is not None:  # the label column is the labels file's, under the same header rule
+        rows = [cells for _, cells in _rows(labels, "utf-8")[1]]
+        first = rows[0]
+    if "label" not in first:
+        last = {r[-1].strip().lower() for r in rows[1 if header else 0:]}
+        split = len(first) > 2 and last <= set(_SPLIT_VALUES) | {"", "-"} and bool(last - {"", "-"})
+        if split:  # the last column holds train / valid / test: a split column, the label before it
+            spec += f",split={first[-1] if header else -1}"
+        spec += f",label={first[-2 if split else -1] if header else (-2 if split else -1)}"
     return spec
 
 
