@@ -31,7 +31,8 @@ def test_train_evaluate_translate_synthetic(tmp_path, capsys):
     assert (run_dir / "last.pt").is_file() and (run_dir / "config.yaml").is_file()
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert stored["model"]["encoder_attention"] == {"kernel": "rbf"}
-    capsys.readouterr()
+    out, err = capsys.readouterr()
+    assert json.loads(out)["step"] == 8 and f"run directory: {run_dir}" in err     # stdout is the JSON alone
     assert main(["evaluate", str(run_dir), "eval.beam=2", "--split", "valid"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["split"] == "valid" and 0.0 <= out["exact_match"] <= 1.0

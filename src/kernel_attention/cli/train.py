@@ -96,5 +96,5 @@ def run(args) -> int:
         return 0
     print(json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float, str, dict, list, type(None)))},
                      default=str, indent=1))
-    print(f"run directory: {run_dir}")
+    print(f"run directory: {run_dir}", file=sys.stderr)  # stdout holds the JSON alone, for a pipe
     return 0
