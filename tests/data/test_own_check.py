@@ -177,3 +177,14 @@ def test_a_graphs_label_column_is_found_in_a_labels_file_and_before_a_split_colu
     assert rep["spec"] == want and rep["classes"] == {"blue": 10, "red": 10}
     if layout == "split-last":
         assert rep["splits"] == "column split=part" and rep["sizes"].endswith("train 12 / val 4 / test 4")
+
+
+def test_a_header_cell_that_reads_as_a_number_is_given_by_index(tmp_path, capsys):
+    """A header naming a column `1` cannot go in the spec as label=1 (an index): the spec names the columns by
+    index and says header=true, so the detected spec reads the file as detected."""
+    folder = tmp_path / "h"
+    folder.mkdir()
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.tsv").write_text("review\t1\na great film\tpos\na dull movie\tneg\nso good\tpos\n")
+    rep = report(capsys, folder)
+    assert rep["spec"] == f"tsv:path={folder},text=0,label=1,header=true" and rep["classes"] == {"neg": 3, "pos": 6}

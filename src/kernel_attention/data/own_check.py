@@ -70,6 +70,8 @@ def _table_spec(name: str, p: Path, rows: list[list[str]], labelled: bool = Fals
         if header and {"text", "label"} <= {c.strip() for c in rows[0]}:
             return f"{name}:path={p}"
         t, y = (rows[0][text].strip(), rows[0][label].strip()) if header else (text, label)
+        if header and (t.lstrip("-").isdigit() or y.lstrip("-").isdigit()):  # a name like 1 reads as an index
+            return f"{name}:path={p},text={text},label={label},header=true"
         return f"{name}:path={p},text={t},label={y}"
     header = any(_number(c) is None for c in rows[0])
     names = [c.strip() for c in rows[0]] if header else [str(i) for i in range(len(rows[0]))]
