@@ -78,6 +78,9 @@ def test_split_files_as_masks(tmp_path):
     g = DATASETS.create(f"graph:path={d},id=node")
     assert [m.nonzero().flatten().tolist() for m in (g.train_mask, g.val_mask, g.test_mask)] == [
         list(range(12)), list(range(12, 16)), list(range(16, N))]
+    (d / "test.txt").write_text("".join("1\n" if i >= 16 else "0\n" for i in range(N - 1)))   # one value short
+    with pytest.raises(DataFormatError, match=rf"test\.txt: {N - 1} values of 0/1, but the features table has {N} "):
+        DATASETS.create(f"graph:path={d},id=node")
 
 
 def test_labels_file_in_row_order_and_a_split_column(tmp_path):
