@@ -80,6 +80,10 @@ def test_a_row_of_another_width_and_an_unclosed_quote_are_named_with_their_line(
         f.write("a great\tfilm\tpos\n")                       # a tab inside the text would make 'film' a label
     with pytest.raises(DataFormatError, match=r"train\.tsv:26: 3 field\(s\), the first row has 2 \(a tab inside"):
         DATASETS.create(f"tsv:path={folder},text=sentence")
+    unlabelled = write_tsv(tmp_path / "unlabelled")
+    (unlabelled / "test.tsv").write_text("sentence\tlabel\na film\tpos\nno label\t \n")
+    with pytest.raises(DataFormatError, match=r"test\.tsv:3: an empty label"):
+        DATASETS.create(f"tsv:path={unlabelled},text=sentence")
     rows = [f"{'pos' if i % 2 else 'neg'},a film {i}" for i in range(40)]
     rows[5] = 'neg,"a dull movie'                                # its quote would take in the 34 rows after it
     (tmp_path / "q.csv").write_text("\n".join(rows) + "\n")

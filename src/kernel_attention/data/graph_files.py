@@ -229,7 +229,7 @@ def _split_files(folder: Path, where: dict[str, int], encoding: str) -> dict[str
             continue
         if len(cells) > len({c for _, c in cells}) and {c.lower() for _, c in cells} <= _MASK_VALUES:
             raise DataFormatError(p, None, f"{len(cells)} values of 0/1, but the features table has {len(where)} "
-                                           f"nodes: a mask holds one per node (node ids repeat in no split file)")
+                                           f"nodes: a mask holds one 0/1 per node, a list of node ids names each once")
         for line, c in cells:
             if c not in where:
                 raise DataFormatError(p, line, f"node id {c[:30]!r} has no row in the features table (a split "

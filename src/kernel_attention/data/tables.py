@@ -107,7 +107,7 @@ def _read_split(path: Path, sep: str, text: str, label: str, header: str,
                 "a comma inside an unquoted text? quote it"
             raise DataFormatError(p, i + first, f"{len(row)} field(s), the first row has {width} ({why})")
         if not row[li].strip():
-            raise DataFormatError(p, None, f"row {i + first} has an empty label")
+            raise DataFormatError(p, i + first, "an empty label")
         texts.append(row[ti].strip())
         labels.append(row[li].strip())
     if not texts:
