@@ -164,7 +164,8 @@ def build_run(cfg: Mapping[str, Any], artifacts: Mapping[str, Any] | None,
         if not hasattr(task, "save_artifacts"):
             kind = TASKS.validate(cfg["task"])[0]
             raise MissingDataError(f"the model of {path} is sized from its data (a {kind} run keeps no vocabulary "
-                                   f"files: its features and classes come from the data), which is missing: {e}") from None
+                                   f"files: its features and classes come from the data), which is missing: "
+                                   f"{e}") from None
         raise MissingDataError(f"{path} was written before runs kept their vocabulary / BPE in the run directory, "
                                f"so they are rebuilt from the training data, which is missing: {e}") from None
     return task, model
