@@ -35,3 +35,27 @@ def test_no_two_ids_of_a_study_differ_only_in_hyphens_and_underscores(name):
     for scale in ("small", "paper"):
         ids = {x for c in _cells(name, scale) for x in (c.table, c.row, c.col)}
         assert len({i.replace("-", "_") for i in ids}) == len(ids)
+
+
+def test_an_item_that_names_no_cell_beside_one_that_does_is_an_error():
+    cells = _cells("ika-classification")
+    with pytest.raises(ValueError, match=r"--only's \['nosuch'\] select no cell of study ika-classification; its "
+                                         r"tables are t2"):
+        select_cells(cells, ("t2/mikan", "nosuch"), "ika-classification")
+
+
+def test_a_finished_cell_outside_only_stays_in_runs_csv_and_the_table(tmp_path, capsys):
+    """Running one --only selection after another keeps the first one's rows (runs.csv is one row per
+    finished cell of the grid); an item list with spaces after its commas is read item by item."""
+    from kernel_attention.cli import main
+
+    out = tmp_path / "s"
+    for only in ("rbf", "exp"):
+        assert main(["study", "synthetic-smoke", "--only", only, "--out", str(out), "--no-figures"]) == 0
+    rows = (out / "synthetic-smoke" / "runs.csv").read_text().splitlines()
+    assert len(rows) == 3 and {r.split(",")[3] for r in rows[1:]} == {"exp", "rbf"}
+    assert "not run" not in (out / "synthetic-smoke" / "table.md").read_text()
+    capsys.readouterr()
+    assert main(["study", "synthetic-smoke", "--only", "exp, rbf", "--list", "--out", str(out)]) == 0
+    listed = capsys.readouterr().out
+    assert "copy__exp" in listed and "copy__rbf" in listed

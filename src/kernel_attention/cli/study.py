@@ -132,7 +132,7 @@ def run(args) -> int:
         print(f"kernel-attention study: {e.args[0]}", file=sys.stderr)
         return 2
     opts = StudyOptions(scale=args.scale, seeds=args.seeds, data=args.data,
-                        only=tuple(x for x in args.only.split(",") if x), nmt_data=args.nmt_data,
+                        only=tuple(x.strip() for x in args.only.split(",") if x.strip()), nmt_data=args.nmt_data,
                         lm_data=args.lm_data)
     if args.list:
         from kernel_attention.study.states import cell_states, format_states

@@ -203,7 +203,7 @@ def select_cells(cells: list[Cell], only: tuple[str, ...], study_name: str) -> l
     """The cells that ``only`` (``--only``) names: each item a table, row or column id, or ``a/b`` for the
     cells that match both; all cells when ``only`` is empty.  ``-`` and ``_`` are one character here, so
     a row is named by its kernel's registry name too (``ikan-direct`` for row ``ikan_direct``).  Raises
-    ValueError, listing the ids there are, when it selects none."""
+    ValueError, listing the ids there are, when an item selects none."""
     if not only:
         return cells
 
@@ -213,13 +213,14 @@ def select_cells(cells: list[Cell], only: tuple[str, ...], study_name: str) -> l
     def match(c: Cell, item: str) -> bool:
         ids = {norm(c.table), norm(c.row), norm(c.col)}
         return all(norm(part) in ids for part in item.split("/"))
-    chosen = [c for c in cells if any(match(c, item) for item in only)]
-    if not chosen:
+    idle = [item for item in only if not any(match(c, item) for c in cells)]
+    if idle:  # each item must select a cell: a misspelt one beside a good one would be dropped silently
         def listed(attr: str) -> str:
             return ", ".join(dict.fromkeys(getattr(c, attr) for c in cells))
-        raise ValueError(f"--only {list(only)} selects no cell of study {study_name}; its tables are "
+        what = f"--only {list(only)} selects" if len(idle) == len(only) else f"--only's {idle} select"
+        raise ValueError(f"{what} no cell of study {study_name}; its tables are "
                          f"{listed('table')}, rows {listed('row')}, columns {listed('col')}")
-    return chosen
+    return [c for c in cells if any(match(c, item) for item in only)]
 
 
 def _finished(path: Path, retry_errors: bool) -> bool:
@@ -255,8 +256,9 @@ def _move_aside(d: Path, key: str) -> Path | None:
 def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors: bool = False,
               log=print, run: bool = True, import_from: tuple[str | Path, ...] = (), rerun_stale: bool = False,
               checkpoint_minutes: float | None = None, command: str = "") -> tuple[list[Cell], list[dict], list[str]]:
-    """Run every unfinished cell of ``study`` (``run=False``: none, only collect); returns
-    ``(cells, results, shrink)``.  ``import_from``: runs.csv files whose finished cells are carried in
+    """Run every unfinished cell of ``study`` that ``options.only`` selects (``run=False``: none, only
+    collect); returns ``(cells, results, shrink)`` of the whole grid, so that the study's runs.csv and tables,
+    written from them, keep the cells finished outside ``options.only``.  ``import_from``: runs.csv files whose finished cells are carried in
     first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding.  ``rerun_stale``: move
     the folders of cells finished with another configuration aside and run them (module docstring).
     ``checkpoint_minutes``: how often each cell writes ``last.pt``; ``command``: the command line each record
@@ -283,7 +285,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         log(f"study {study.name}: imported {n['imported']} finished cell(s) from {path} "
             f"({n['already_finished']} already finished here, {n['outside_grid']} outside this grid, "
             f"{n['other_config']} run with another configuration)")
-    cells = select_cells(cells, options.only, study.name)
+    grid, cells = cells, select_cells(cells, options.only, study.name)
     ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError(f"study {study.name}: duplicate cell ids")
@@ -335,7 +337,7 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
             f"again; --rerun-stale runs them (their folders under "
             f"{Path(out) / study.folder(options.scale) / 'cells'} moved aside)")
     if not run:
-        return cells, read_results(out, study, cells), shrink
+        return grid, read_results(out, study, grid), shrink
     start, spent = time.time(), []
     for i, c in enumerate(todo):
         d = dir_of(c)
@@ -370,4 +372,4 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
         # a SIGINT or SIGTERM during the cell's final evaluation: the cell is recorded, the study stops here
         stop_if_asked(f"stopped after cell {c.id}, its result written")
     recarry()
-    return cells, read_results(out, study, cells), shrink
+    return grid, read_results(out, study, grid), shrink
