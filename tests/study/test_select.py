@@ -59,3 +59,36 @@ def test_a_finished_cell_outside_only_stays_in_runs_csv_and_the_table(tmp_path, 
     assert main(["study", "synthetic-smoke", "--only", "exp, rbf", "--list", "--out", str(out)]) == 0
     listed = capsys.readouterr().out
     assert "copy__exp" in listed and "copy__rbf" in listed
+
+
+def test_a_study_without_its_data_or_with_report_options_exits_2_and_records_nothing(tmp_path, capsys):
+    """Data that is not there stops the study in one line (no traceback) before any record is written, so the
+    same command runs the cell once the data is placed; so do an unknown --nmt-data and the page's options."""
+    from kernel_attention.cli import main
+
+    out = tmp_path / "s"
+    args = ["study", "dissection-kernels", "--only", "exp/sp-asym", "--out", str(out), "--no-figures"]
+    assert main([*args, "--data", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--data names the data root" in err and len(err.strip().splitlines()) == 1
+    assert not list(out.glob("*/cells/*/result.json"))
+    assert main([*args, "--nmt-data", "nosuch"]) == 2
+    assert "--nmt-data: unknown dataset 'nosuch'; accepted:" in capsys.readouterr().err
+    assert main(["study", "synthetic-smoke", "--check", "--out", str(out)]) == 2
+    assert "--check go(es) with `kernel-attention study report`" in capsys.readouterr().err
+    assert not (out / "synthetic-smoke").exists()
+
+
+def test_a_cell_that_ended_in_an_error_is_named_with_the_flag_that_runs_it_again(tmp_path, capsys):
+    import json
+
+    from kernel_attention.cli import main
+
+    out = tmp_path / "s"
+    assert main(["study", "synthetic-smoke", "--only", "exp", "--out", str(out), "--no-figures"]) == 0
+    (rec,) = out.glob("synthetic-smoke/cells/*/result.json")
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), "status": "error", "error": "RuntimeError: x"}))
+    capsys.readouterr()
+    assert main(["study", "synthetic-smoke", "--only", "exp", "--out", str(out), "--no-figures"]) == 0
+    said = capsys.readouterr().out
+    assert "1 cell(s) ended in an error (copy__exp" in said and "--retry-errors runs them again" in said

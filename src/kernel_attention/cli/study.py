@@ -43,7 +43,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="study name (omit with --list), or `report` (the results page)")
     p.add_argument("--scale", choices=("small", "converged", "paper"), default="small")
     p.add_argument("--seeds", type=int, default=None, help="runs per cell (default: the study's for the scale)")
-    p.add_argument("--data", default=None, help="data root (default: $KERNEL_ATTENTION_DATA or ../shared/data)")
+    p.add_argument("--data", default=None, help="data root (default: $KERNEL_ATTENTION_DATA, else ../shared/data "
+                                                "from the current folder, else ~/.cache/kernel-attention)")
     p.add_argument("--out", default="studies", help="output directory (default: studies)")
     p.add_argument("--only", default="", help="comma-separated table / row / column ids to run (e.g. t2-sp); "
                    "a/b selects cells matching both (e.g. mikan/cr)")
@@ -109,12 +110,20 @@ def report(args) -> int:
 def run(args) -> int:
     import torch
 
+    from kernel_attention.data import DATASETS
+    from kernel_attention.data.files import MissingDataError
     from kernel_attention.study import StudyOptions, execute, get_study, study_names
 
     if args.name == REPORT:
         if REPORT in study_names():
             raise RuntimeError(f"a study is named {REPORT!r}, the results page's subcommand")
         return report(args)
+    given = [f for f, on in (("--check", args.check), ("--results", args.results != "docs/results"),
+                            ("--page", args.page is not None)) if on]
+    if given:  # the page's options would be ignored by a study, which then runs
+        print(f"kernel-attention study: {', '.join(given)} go(es) with `kernel-attention study report`, not with "
+              f"a study", file=sys.stderr)
+        return 2
     if not args.name:
         for n in study_names():
             print(f"{n:22s} {get_study(n).title}")
@@ -131,6 +140,13 @@ def run(args) -> int:
     except KeyError as e:
         print(f"kernel-attention study: {e.args[0]}", file=sys.stderr)
         return 2
+    for flag, name in (("--nmt-data", args.nmt_data), ("--lm-data", args.lm_data)):
+        try:
+            if name is not None:
+                DATASETS.entry(name)
+        except ValueError as e:
+            print(f"kernel-attention study: {flag}: {e}", file=sys.stderr)
+            return 2
     opts = StudyOptions(scale=args.scale, seeds=args.seeds, data=args.data,
                         only=tuple(x.strip() for x in args.only.split(",") if x.strip()), nmt_data=args.nmt_data,
                         lm_data=args.lm_data)
@@ -155,5 +171,8 @@ def run(args) -> int:
         return 2
     except ImportError as e:  # an optional package a cell needs (the GP rows: GPyTorch); finished cells stay
         print(f"kernel-attention study: {e} (or leave those cells out with --only)", file=sys.stderr)
+        return 2
+    except MissingDataError as e:  # data not placed here (see --data); the cell is not recorded, a rerun runs it
+        print(f"kernel-attention study: {e} (--data names the data root)", file=sys.stderr)
         return 2
     return 0

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_attention.atomic_write import write_text
+from kernel_attention.data.files import MissingDataError
 from kernel_attention.machine import numerics
 from kernel_attention.study.carry import import_runs
 from kernel_attention.study.core import Cell, Study, StudyOptions
@@ -108,8 +109,8 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
         before = trainer.resumed_elapsed
         rec["params"] = sum(p.numel() for p in trainer.raw_model.parameters())
         summary = trainer.fit()
-    except ImportError:  # a package missing here (GPyTorch for the GP rows) is the machine's, not the cell's:
-        raise            # no record, so that the cell runs once it is installed
+    except (ImportError, MissingDataError):  # a package (GPyTorch for the GP rows) or data missing here is the
+        raise  # machine's, not the cell's: no record, so that the cell runs once it is installed or placed
     except Exception as e:  # a cell failing must not stop the study; the message goes into the CSV
         rec["error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
@@ -223,9 +224,14 @@ def select_cells(cells: list[Cell], only: tuple[str, ...], study_name: str) -> l
     return [c for c in cells if any(match(c, item) for item in only)]
 
 
+def _status(path: Path) -> str | None:
+    """The status of the cell record at ``path`` (``ok``, ``error``, ...), None where there is none."""
+    return json.loads(path.read_text()).get("status") if path.is_file() else None
+
+
 def _finished(path: Path, retry_errors: bool) -> bool:
     """Whether the cell with ``result.json`` at ``path`` counts as finished."""
-    return path.is_file() and not (retry_errors and json.loads(path.read_text()).get("status") == "error")
+    return path.is_file() and not (retry_errors and _status(path) == "error")
 
 
 def _stale_cells(cells: list[Cell], dir_of) -> list[tuple[Cell, dict]]:
@@ -323,6 +329,11 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
     todo = [c for c in cells if pending(c, how[c.id]) and not carry(c)]
     n, done = len(cells), len(cells) - len(todo)
     log(f"study {study.name} ({options.scale}): {n} cells, {done} already finished, {len(todo)} to run")
+    running = {c.id for c in todo}
+    failed = [c.id for c in cells if c.id not in running and _status(dir_of(c) / "result.json") == "error"]
+    if failed:
+        log(f"study {study.name}: {len(failed)} cell(s) ended in an error ({', '.join(failed[:3])}"
+            f"{', ...' if len(failed) > 3 else ''}; --list says which): --retry-errors runs them again")
     stale, waiting = [], []  # waiting: records carried from a twin, carried again once one has trained on
     for c, rec in _stale_cells(cells, dir_of):
         if how[c.id] is None:
