@@ -269,6 +269,7 @@ def test_threads_sets_torch_intra_op_threads(tmp_path, monkeypatch, capsys):
     (["study", "dissection-kernels", "--threads", "0"], "--threads: must be an integer >= 1"),
     (["bench", "--repeats", "0"], "--repeats: must be an integer >= 1"),
     (["bench", "--T", "0"], "--T: must be an integer >= 1 (sequence length)"),
+    (["bench", "--no-dense-above", "-1"], "--no-dense-above: must be an integer >= 1 (a sequence length)"),
 ])
 def test_counts_below_one_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -285,6 +286,11 @@ def test_counts_below_one_are_refused_before_any_work(argv, message, capsys):
     (["bench", "--dtype", "float8"], "--dtype 'float8' is not a torch dtype"),
     (["bench", "--dtype", "int32"], "--dtype 'int32' is not a floating-point dtype"),
     (["bench", "--device", "tpu"], "--device tpu: "),
+    (["bench", "--dropout", "1.5"], "--dropout must be a rate in [0, 1), got 1.5"),
+    (["bench", "--dropout", "-1"], "--dropout must be a rate in [0, 1), got -1.0"),
+    (["bench", "--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+    pytest.param(["bench", "--device", "cuda"], "--device cuda: this machine's torch has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")),
 ])
 def test_bad_names_and_paths_exit_2_before_any_work(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -162,7 +162,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--positions", nargs="+", help="positional schemes (default none)")
     p.add_argument("--filters", nargs="+", help="filters: full, causal, local (window 128) or any filter spec")
     p.add_argument("--backends", nargs="+", help="backends to time (default: dense and the fast ones that apply)")
-    p.add_argument("--no-dense-above", type=int, default=None, help="skip dense for T above this")
+    p.add_argument("--no-dense-above", type=at_least(1, "a sequence length"), default=None,
+                   help="skip dense for T above this")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout on the weights, for every backend and the SDPA baseline (default 0)")
     p.add_argument("--padding", type=float, default=0.0,
@@ -199,6 +200,8 @@ def _bad_names(args) -> str | None:
                 check(spec)
             except (ValueError, RuntimeError) as e:
                 return f"{option} {spec}: {str(e).splitlines()[0]}{more}"
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        return f"--device {args.device}: this machine's torch has no CUDA device (torch {torch.__version__})"
     if args.dtype is not None and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         return f"--dtype {args.dtype!r} is not a torch dtype; accepted: float32, bfloat16, float16, float64"
     if args.dtype is not None and not getattr(torch, args.dtype).is_floating_point:
@@ -218,6 +221,12 @@ def run(args) -> int:
     if not 0.0 <= args.padding < 1.0:
         print(f"kernel-attention bench: --padding must be a fraction in [0, 1) of each padded sequence's keys, "
               f"got {args.padding}", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.dropout < 1.0:
+        print(f"kernel-attention bench: --dropout must be a rate in [0, 1), got {args.dropout}", file=sys.stderr)
+        return 2
+    if not args.timeout > 0:
+        print(f"kernel-attention bench: --timeout must be > 0 seconds, got {args.timeout}", file=sys.stderr)
         return 2
     if args.kernels or args.positions or args.filters:
         variants = list(itertools.product(args.kernels or ["exp"], args.positions or ["none"],
