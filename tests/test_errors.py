@@ -36,6 +36,9 @@ def test_shape_errors_name_the_problem():
                                        ({"axes": 0}, "axes must be an integer >= 1, got 0"),
                                        ({"n_heads": 0}, "n_heads must be an integer >= 1, got 0"),
                                        ({"d_model": 8.0}, "d_model must be an integer >= 1, got 8.0"),
+                                       ({"d_head": 0}, "d_head must be an integer >= 1, got 0"),
+                                       ({"d_head": -1}, "d_head must be an integer >= 1, got -1"),
+                                       ({"kdim": 0}, "kdim must be an integer >= 1, got 0"),
                                        ({"symmetric": "maybe"}, "symmetric: bool: cannot read 'maybe'"),
                                        ({"bias": 2}, "bias: bool got 2"),
                                        ({"backend": "fastest"}, "unknown backend 'fastest'; accepted: .*; or 'auto'"),
@@ -56,6 +59,16 @@ def test_graph_attention_and_the_block_refuse_bad_arguments_when_built(build, ma
     with pytest.raises(ValueError, match=match):
         build()
     assert not ka.GraphAttention(8, 4, concat="false").concat
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_graph_attention_names_nan_or_inf_features_as_the_attention_layer_does(bad):
+    h = torch.randn(4, 5)
+    h[2, 1] = bad
+    with pytest.raises(ValueError, match="h contains NaN or inf values"):
+        ka.GraphAttention(5, 3, heads=2)(h, torch.tensor([[0, 1], [1, 2]]))
+    with ka.validation(False):  # the same switch as attention()'s
+        assert ka.GraphAttention(5, 3, heads=2)(h, torch.tensor([[0, 1], [1, 2]])).shape == (4, 6)
 
 
 def test_the_layer_reads_booleans_as_the_configs_write_them():

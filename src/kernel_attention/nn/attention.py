@@ -89,9 +89,10 @@ class KernelAttention(nn.Module):
             if d_model % n_heads:
                 raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_head")
             d_head = d_model // n_heads
+        kdim = d_model if kdim is None else kdim
+        check_sizes("KernelAttention", d_head=d_head, kdim=kdim)
         value_position = _value_param.coerce(value_position, "KernelAttention")
         value_position = {True: "absolute", False: "none"}.get(value_position, value_position)
-        kdim = d_model if kdim is None else kdim
         if symmetric and kdim != d_model:
             raise SpecError("symmetric=True shares W_q and W_k, so keys must have width d_model")
         self.d_model, self.n_heads, self.d_head, self.axes = d_model, n_heads, d_head, axes

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernel_attention.functional import check_finite
 from kernel_attention.kernels.decomposition import gat_decompose, lp_norm_sq
 from kernel_attention.kernels.implicit import SimilarityMagnitudeKernel
 from kernel_attention.kernels import make_kernel
@@ -136,6 +137,7 @@ class GraphAttention(nn.Module):
         n = h.shape[0]
         if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= n):
             raise ValueError(f"edge_index has node ids outside [0, {n})")
+        check_finite({"h": h})  # as attention()'s inputs: on CPU tensors in eager mode, see validation()
         if self.add_self_loops:
             edge_index = with_self_loops(edge_index, n)
         x = self.lin(h).view(n, self.heads, self.out_dim)
