@@ -71,6 +71,26 @@ def test_graph_attention_names_nan_or_inf_features_as_the_attention_layer_does(b
         assert ka.GraphAttention(5, 3, heads=2)(h, torch.tensor([[0, 1], [1, 2]])).shape == (4, 6)
 
 
+@pytest.mark.parametrize("options, match", [
+    ({"kernal": "rbf"}, r"TransformerBlock: unknown attention option\(s\) kernal; accepted: d_head, kernel, "),
+    ("rbf", r"TransformerBlock: attention must be a mapping of KernelAttention arguments \(d_head, kernel"),
+])
+def test_the_block_names_an_attention_option_the_layer_does_not_take(options, match):
+    with pytest.raises(ValueError, match=match):
+        ka.TransformerBlock(8, 2, 16, attention=options)
+    with pytest.raises(ValueError, match=match.replace("attention", "cross_attention", 1)):
+        ka.TransformerBlock(8, 2, 16, cross_attention=options)
+
+
+def test_a_mask_filter_of_integers_and_a_validation_of_1_are_refused_saying_what_is_taken():
+    with pytest.raises(TypeError, match=r"needs a bool mask \(True = the key takes part\), got torch.int64; a float "
+                                        r"mask \(added to log k\) goes to attention\(\.\.\., mask=\)"):
+        ka.KernelAttention(8, 2, filter=torch.ones(4, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="validation takes True, False or 'auto', got 1"):
+        with ka.validation(1):
+            pass
+
+
 def test_the_layer_reads_booleans_as_the_configs_write_them():
     assert not ka.KernelAttention(8, 2, symmetric="false").symmetric
     layer = ka.KernelAttention(8, 2, symmetric="true", bias="no")

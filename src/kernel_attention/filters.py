@@ -329,7 +329,8 @@ class MaskFilter(Filter):
 
     def __init__(self, mask: Tensor):
         if mask.dtype != torch.bool:
-            raise TypeError(f"MaskFilter needs a bool mask, got {mask.dtype}")
+            raise TypeError(f"MaskFilter needs a bool mask (True = the key takes part), got {mask.dtype}; a float "
+                            f"mask (added to log k) goes to attention(..., mask=) or a layer call's mask=")
         self.tensor = mask
 
     by_spec = False

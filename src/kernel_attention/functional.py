@@ -86,7 +86,7 @@ def validation(enabled: bool | str):
     ``torch._assert_async``, with a generic message).  ``False``: never.  Shape, dtype and name
     checks always run: they read no tensor values."""
     global _VALIDATE
-    if enabled not in (True, False, "auto"):
+    if not (enabled is True or enabled is False or enabled == "auto"):  # 1 == True, but is no setting
         raise ValueError(f"validation takes True, False or 'auto', got {enabled!r}")
     old, _VALIDATE = _VALIDATE, enabled
     try:

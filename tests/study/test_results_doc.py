@@ -87,7 +87,8 @@ def test_check_fails_on_an_edited_page_and_passes_on_the_committed_one(tmp_path,
     copy.write_text(text[:number.start(1)] + "99.99" + text[number.end(1):])
     capsys.readouterr()
     assert main(args) == 1
-    diff = capsys.readouterr().out
+    diff, err = capsys.readouterr()
+    assert f"`kernel-attention study report --results {RESULTS} --page {copy}` writes it" in err
     assert diff.startswith("---") and "-" + text.splitlines()[text[:number.start()].count("\n")].replace(
         number.group(1), "99.99", 1) in diff.splitlines()
 
@@ -99,6 +100,13 @@ def test_report_writes_the_page(tmp_path):
 
 def test_report_is_no_study_name():
     assert "report" not in study_names()
+
+
+def test_report_outside_the_repository_names_the_folder_it_looks_for(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", "report"]) == 2
+    assert "docs/results is no folder of result sets (run it from the repository's root, or name the folder with " \
+           "--results)" in capsys.readouterr().err
 
 
 # ---- paired differences and marks, by hand -----------------------------------------------------------------

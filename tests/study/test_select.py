@@ -77,6 +77,10 @@ def test_a_study_without_its_data_or_with_report_options_exits_2_and_records_not
     assert main(["study", "synthetic-smoke", "--check", "--out", str(out)]) == 2
     assert "--check go(es) with `kernel-attention study report`" in capsys.readouterr().err
     assert not (out / "synthetic-smoke").exists()
+    assert main(["study", "synthetic-smoke", "--import-runs", str(tmp_path / "no.csv"), "--list"]) == 2
+    assert f"--import-runs {tmp_path / 'no.csv'}: no such file" in capsys.readouterr().err
+    assert main(["study"]) == 2
+    assert "name a study (listed above)" in capsys.readouterr().err
 
 
 def test_a_cell_that_ended_in_an_error_is_named_with_the_flag_that_runs_it_again(tmp_path, capsys):

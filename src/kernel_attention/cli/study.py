@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 from kernel_attention.cli.threads import threads_per_op
 
@@ -83,19 +84,22 @@ REPORT = "report"  # `study report`: the results page, not a study (a study of t
 
 def report(args) -> int:
     """``kernel-attention study report [--check]``: write (or compare) the results page."""
-    from pathlib import Path
-
     from kernel_attention.study.results_page import check_page, write_page
 
     results = Path(args.results)
     page = Path(args.page) if args.page else results.with_name(results.name + ".md")
+    if not results.is_dir():
+        print(f"kernel-attention study report: {results} is no folder of result sets (run it from the repository's "
+              f"root, or name the folder with --results)", file=sys.stderr)
+        return 2
     try:
         if args.check:
             diff = check_page(results, page)
             if diff:
                 sys.stdout.write(diff)
-                print(f"kernel-attention study report: {page} is out of date; `kernel-attention study report` "
-                      "writes it", file=sys.stderr)
+                again = " ".join(["kernel-attention study report", *(["--results", str(results)] if args.results !=
+                                  "docs/results" else []), *(["--page", str(page)] if args.page else [])])
+                print(f"kernel-attention study report: {page} is out of date; `{again}` writes it", file=sys.stderr)
                 return 1
             print(f"{page} is the page the CSVs and prose of {results} give")
             return 0
@@ -127,6 +131,8 @@ def run(args) -> int:
     if not args.name:
         for n in study_names():
             print(f"{n:22s} {get_study(n).title}")
+        if not args.list:
+            print("kernel-attention study: name a study (listed above), or `study report`", file=sys.stderr)
         return 0 if args.list else 2
     if args.seeds is not None and args.seeds < 1:
         print("kernel-attention study: --seeds must be >= 1", file=sys.stderr)
@@ -139,6 +145,10 @@ def run(args) -> int:
         study = get_study(args.name)
     except KeyError as e:
         print(f"kernel-attention study: {e.args[0]}", file=sys.stderr)
+        return 2
+    missing = [f for f in args.import_runs if not Path(f).is_file()]
+    if missing:
+        print(f"kernel-attention study: --import-runs {missing[0]}: no such file", file=sys.stderr)
         return 2
     for flag, name in (("--nmt-data", args.nmt_data), ("--lm-data", args.lm_data)):
         try:

@@ -10,14 +10,13 @@ the accepted ones, and checks the impossible combinations before any weights are
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.nn.attention import KernelAttention
+from kernel_attention.nn.attention import ATTENTION_KEYS, KernelAttention
 from kernel_attention.positions.encodings import sinusoid
 from kernel_attention.filters import make_filter
 from kernel_attention.kernels import KERNELS
@@ -27,9 +26,6 @@ from kernel_attention.registry import SpecError
 __all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
            "share_xl_biases", "KernelRegularized"]
 
-#: keyword arguments a per-place attention config may set (d_model and n_heads come from the model)
-ATTENTION_KEYS = tuple(n for n in inspect.signature(KernelAttention.__init__).parameters
-                       if n not in ("self", "d_model", "n_heads"))
 
 
 def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ Table 2.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +32,7 @@ from kernel_attention.nn.arguments import check_rate, check_sizes, flag
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position
 from kernel_attention.registry import Param, SpecError
 
-__all__ = ["KernelAttention", "VALUE_POSITIONS"]
+__all__ = ["KernelAttention", "VALUE_POSITIONS", "ATTENTION_KEYS"]
 
 #: Value functions: "none" = f W_v (Eq. 8), "absolute" = (f + t) W_v (Eq. 7), "relative" = Shaw's a^V.
 VALUE_POSITIONS = ("none", "absolute", "relative")
@@ -224,3 +225,9 @@ def hides_keys(filt) -> bool:
         return False
     probe = filt.mask(8, 8, device="cpu", key_mask=torch.ones(1, 8, dtype=torch.bool))  # cpu: works under meta init
     return not bool(probe.all())
+
+
+#: the keyword arguments of KernelAttention a model's or block's attention options may set (d_model and n_heads
+#: come from the model)
+ATTENTION_KEYS = tuple(n for n in inspect.signature(KernelAttention.__init__).parameters
+                       if n not in ("self", "d_model", "n_heads"))
