@@ -74,3 +74,4 @@ def test_report_ratios_and_targets():
     assert "| peak this / dense <= 0.25 | exp / shaw / full | banded | 4096 | 0.100 | yes |" in s
     # linear loses at 2048 and wins at 4096: the crossover is 4096
     assert "from T=4096 (T=2048: dense/linear 0.50, T=4096: dense/linear 2.00)" in s
+    assert summary(r[:1]).startswith("none measured here: the targets read fast backends at T >= 1024")  # no header
