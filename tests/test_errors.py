@@ -72,8 +72,8 @@ def test_graph_attention_names_nan_or_inf_features_as_the_attention_layer_does(b
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"kernal": "rbf"}, r"TransformerBlock: unknown attention option\(s\) kernal; accepted: d_head, kernel, "),
-    ("rbf", r"TransformerBlock: attention must be a mapping of KernelAttention arguments \(d_head, kernel"),
+    ({"kernal": "rbf"}, r"TransformerBlock: attention: unknown attention option\(s\) kernal; accepted: d_head, "),
+    ("rbf", r"TransformerBlock: attention: the attention config must be a mapping of KernelAttention arguments \("),
 ])
 def test_the_block_names_an_attention_option_the_layer_does_not_take(options, match):
     with pytest.raises(ValueError, match=match):

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from kernel_attention.nn.attention import ATTENTION_KEYS, KernelAttention
+from kernel_attention.nn.attention import ATTENTION_KEYS, KernelAttention, attention_options
 from kernel_attention.positions.encodings import sinusoid
 from kernel_attention.filters import make_filter
 from kernel_attention.kernels import KERNELS
@@ -34,16 +34,7 @@ def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any
     Checked: every key is a KernelAttention argument; the kernel, position and filter names exist with
     valid parameters; ``value_position="relative"`` needs ``position="shaw"``.
     """
-    if user is None:
-        user = {}
-    if not isinstance(user, Mapping):
-        raise SpecError(f"{where}: the attention config must be a mapping of KernelAttention arguments "
-                        f"({', '.join(ATTENTION_KEYS)}), got {user!r}")
-    unknown = sorted(set(user) - set(ATTENTION_KEYS))
-    if unknown:
-        raise SpecError(f"{where}: unknown attention option(s) {', '.join(unknown)}; accepted: "
-                        f"{', '.join(ATTENTION_KEYS)}")
-    cfg = {**defaults, **user}
+    cfg = {**defaults, **attention_options(user, where)}
     try:
         if not isinstance(cfg.get("kernel", "exp"), nn.Module):
             KERNELS.validate(cfg.get("kernel", "exp"))

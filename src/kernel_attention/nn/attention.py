@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +33,7 @@ from kernel_attention.nn.arguments import check_rate, check_sizes, flag
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position
 from kernel_attention.registry import Param, SpecError
 
-__all__ = ["KernelAttention", "VALUE_POSITIONS", "ATTENTION_KEYS"]
+__all__ = ["KernelAttention", "VALUE_POSITIONS", "ATTENTION_KEYS", "attention_options"]
 
 #: Value functions: "none" = f W_v (Eq. 8), "absolute" = (f + t) W_v (Eq. 7), "relative" = Shaw's a^V.
 VALUE_POSITIONS = ("none", "absolute", "relative")
@@ -231,3 +232,18 @@ def hides_keys(filt) -> bool:
 #: come from the model)
 ATTENTION_KEYS = tuple(n for n in inspect.signature(KernelAttention.__init__).parameters
                        if n not in ("self", "d_model", "n_heads"))
+
+
+def attention_options(given: Any, where: str) -> dict[str, Any]:
+    """``given`` (None, or a mapping of KernelAttention keyword arguments) as a dict; anything else, or a key
+    KernelAttention does not take, fails naming :data:`ATTENTION_KEYS`."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise SpecError(f"{where}: the attention config must be a mapping of KernelAttention arguments "
+                        f"({', '.join(ATTENTION_KEYS)}), got {given!r}")
+    unknown = sorted(str(k) for k in set(given) - set(ATTENTION_KEYS))
+    if unknown:
+        raise SpecError(f"{where}: unknown attention option(s) {', '.join(unknown)}; accepted: "
+                        f"{', '.join(ATTENTION_KEYS)}")
+    return dict(given)

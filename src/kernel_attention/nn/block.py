@@ -15,14 +15,12 @@ features f and positions t stay separate through the stack.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import torch
 from torch import Tensor, nn
 
 from kernel_attention.dropout import Dropout
 from kernel_attention.nn.arguments import check_rate, check_sizes
-from kernel_attention.nn.attention import ATTENTION_KEYS, KernelAttention, hides_keys
+from kernel_attention.nn.attention import KernelAttention, attention_options, hides_keys
 from kernel_attention.positions.encodings import as_positions
 from kernel_attention.registry import SpecError
 
@@ -52,8 +50,10 @@ class TransformerBlock(nn.Module):
         if activation not in ("relu", "gelu"):
             raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
         self.norm = norm
-        attention, cross_attention = _options("attention", attention), _options("cross_attention", cross_attention)
-        self.self_attn = KernelAttention(d_model, n_heads, **(attention or {}))
+        attention = attention_options(attention, "TransformerBlock: attention")
+        if cross_attention is not None:
+            cross_attention = attention_options(cross_attention, "TransformerBlock: cross_attention")
+        self.self_attn = KernelAttention(d_model, n_heads, **attention)
         self.ln1 = nn.LayerNorm(d_model)
         self.cross_attn = None
         if cross_attention is not None:
@@ -139,19 +139,3 @@ def _cat_positions(a: Tensor, b: Tensor) -> Tensor:
         n = max(a.shape[0], b.shape[0])
         a, b = a.expand(n, -1, -1), b.expand(n, -1, -1)
     return torch.cat([a, b], dim=1)
-
-
-def _options(name: str, given: Any) -> dict | None:
-    """``given`` (None, or a mapping of KernelAttention keyword arguments), checked: a key KernelAttention does
-    not take is named with the ones it does, as a config's attention section is."""
-    if given is None:
-        return None
-    accepted = ATTENTION_KEYS
-    if not isinstance(given, Mapping):
-        raise SpecError(f"TransformerBlock: {name} must be a mapping of KernelAttention arguments "
-                        f"({', '.join(accepted)}), got {given!r}")
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-        raise SpecError(f"TransformerBlock: unknown {name} option(s) {', '.join(map(str, unknown))}; accepted: "
-                        f"{', '.join(accepted)}")
-    return dict(given)
