@@ -359,3 +359,15 @@ def test_xl_on_an_all_padding_batch_gives_every_parameter_a_zero_gradient():
     grads = {n: p.grad for n, p in layer.named_parameters() if n.startswith("position.")}
     assert set(grads) == {"position.u", "position.v", "position.r_net.0.weight"}
     assert all(g is not None and not g.any() for g in grads.values())
+
+
+@pytest.mark.parametrize("name", ["ikas", "ikan-direct", "mikan"])
+def test_an_implicit_kernel_of_another_dtype_than_q_is_named_with_the_fix(name):
+    from kernel_attention.kernels import make_kernel
+
+    kern = make_kernel(name, n_heads=2, d_head=4)
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=rf"kernel .* holds torch.float32 weights and q is torch.float64: move the "
+                                        rf"kernel with \.to\(torch.float64\)"):
+        ka.attention(q, q, q, kernel=kern)
+    assert ka.attention(q, q, q, kernel=kern.to(torch.float64)).dtype == torch.float64

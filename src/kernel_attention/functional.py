@@ -284,6 +284,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         mask = mask.to(dt) if isinstance(mask, Tensor) and mask.is_floating_point() else mask
         bias = bias.to(dt) if bias is not None else None
         terms = terms.to(dt) if terms is not None else None
+    held = next((p.dtype for p in kern.parameters() if p.is_floating_point()), q.dtype)
+    if held != q.dtype and not torch.is_autocast_enabled(q.device.type):  # autocast casts per operation itself
+        raise TypeError(f"kernel {getattr(kern, 'name', type(kern).__name__)!r} holds {held} weights and q is "
+                        f"{q.dtype}: move the kernel with .to({q.dtype}) (a layer's .to() moves its kernel)")
     problem = build_problem(q, k, v, kern, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights, enable_gqa=enable_gqa)
     pools = key_mask is not None and pools_keys(problem.kernel)
