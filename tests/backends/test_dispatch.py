@@ -266,7 +266,7 @@ def test_unsupported_backend_requests_fail_clearly():
         attention(q, k, v, "exp", backend="banded")
     for backend in ("sdpa", "blockwise", "squared", "banded", "linear"):
         with pytest.raises(BackendError, match="need_weights"):
-            kernel = ka.make_kernel("ikas", n_heads=H, d_head=D) if backend == "squared" else "exp"
+            kernel = ka.make_kernel("ikas", n_heads=H, d_head=D).to(q.dtype) if backend == "squared" else "exp"
             attention(q, k, v, kernel, backend=backend, need_weights=True)
     accepted = re.escape("accepted: auto, " + ", ".join(ORDER))
     for name in ("flash", "fused", "fused:key_bias=mask"):  # fused: the old single backend, gone
