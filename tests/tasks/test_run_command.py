@@ -67,14 +67,26 @@ def test_a_signal_stops_the_whole_grid_and_its_workers_at_once(tmp_path, signame
 def test_a_signal_stops_a_run_in_this_process_at_once_not_at_its_next_checkpoint(capsys):
     """With ``--jobs 1`` the runs train in the command's process: the signal stops the run where it is (no
     checkpoint to write for a demo), not at the trainer's next logged step."""
+    from kernel_attention.cli import run as run_command
+
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
-    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    done = threading.Event()
+
+    def press():  # Ctrl-C after 2 s, again each second while the run's handler is in place: a signal whose
+        done.wait(2.0)  # handler runs inside a __del__ during garbage collection is swallowed there
+        while not done.is_set():
+            if signal.getsignal(signal.SIGINT) is run_command._stop:
+                os.kill(os.getpid(), signal.SIGINT)
+            done.wait(1.0)
+
+    presser = threading.Thread(target=press, daemon=True)
+    presser.start()
     try:
         assert main(["run", "--steps", "100000", "--jobs", "1", "--test-size", "8"]) == 130
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
-        timer.cancel()
+        done.set()
+        presser.join()
         signal.signal(signal.SIGINT, before)
     err = capsys.readouterr().err
     assert "interrupted: the grid stopped" in err and "last.pt" not in err, err
