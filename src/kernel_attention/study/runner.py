@@ -264,9 +264,10 @@ def run_study(study: Study, options: StudyOptions, out: str | Path, retry_errors
               checkpoint_minutes: float | None = None, command: str = "") -> tuple[list[Cell], list[dict], list[str]]:
     """Run every unfinished cell of ``study`` that ``options.only`` selects (``run=False``: none, only
     collect); returns ``(cells, results, shrink)`` of the whole grid, so that the study's runs.csv and tables,
-    written from them, keep the cells finished outside ``options.only``.  ``import_from``: runs.csv files whose finished cells are carried in
-    first (:mod:`.carry`), over the whole grid, ``options.only`` notwithstanding.  ``rerun_stale``: move
-    the folders of cells finished with another configuration aside and run them (module docstring).
+    written from them, keep the cells finished outside ``options.only``.  ``import_from``: runs.csv files
+    whose finished cells are carried in first (:mod:`.carry`), over the whole grid, ``options.only``
+    notwithstanding.  ``rerun_stale``: move the folders of cells finished with another configuration aside
+    and run them (module docstring).
     ``checkpoint_minutes``: how often each cell writes ``last.pt``; ``command``: the command line each record
     keeps (:func:`run_cell`)."""
     code_revision()  # read HEAD now: the code this process imported, not the checkout when its first cell ends
