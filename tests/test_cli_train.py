@@ -89,6 +89,13 @@ def test_train_and_generate_lm(tmp_path, capsys):
     assert "--prompt is not valid UTF-8" in capsys.readouterr().err
 
 
+def test_generate_prints_line_ends_as_new_lines():
+    from kernel_attention.cli.generate import as_text
+
+    assert as_text(["the", "mat", "<eos>", "<eos>", "a", "<eos>x"]) == "the mat\n\na <eos>x"
+    assert as_text(["the", "<eos>"]) == "the\n"
+
+
 @pytest.mark.parametrize("override, message", [
     (["model.encoder_attention.kernel=gaussian"], "unknown kernel 'gaussian'; accepted"),
     (["model.decoder_attention.position=xl", "model.decoder_attention.value_position=relative"],

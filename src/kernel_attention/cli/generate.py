@@ -1,5 +1,6 @@
 """``kernel-attention generate CHECKPOINT --prompt "the cat" [--max-new 20] [--temperature 0]``: continue a
-prompt with a trained language model (greedy at temperature 0, else sampling with ``--seed``)."""
+prompt with a trained language model (greedy at temperature 0, else sampling with ``--seed``); a generated line
+end ``<eos>`` starts a new line."""
 
 from __future__ import annotations
 
@@ -44,5 +45,18 @@ def run(args) -> int:
     if unknown:
         print(f"kernel-attention: warning: not in the vocabulary, read as <unk>: {' '.join(unknown)}", file=sys.stderr)
     out = task.generate(model, words, args.max_new, args.temperature, args.seed)
-    print(" ".join(words + out))
+    print(as_text(words + out))
     return 0
+
+
+def as_text(tokens: list[str]) -> str:
+    """The tokens joined by spaces, each ``<eos>`` (the corpus's line end) printed as a line break."""
+    from kernel_attention.data.wikitext import EOS
+
+    lines: list[list[str]] = [[]]
+    for token in tokens:
+        if token == EOS:
+            lines.append([])
+        else:
+            lines[-1].append(token)
+    return "\n".join(" ".join(line) for line in lines)
