@@ -188,3 +188,31 @@ def test_a_header_cell_that_reads_as_a_number_is_given_by_index(tmp_path, capsys
         (folder / f"{split}.tsv").write_text("review\t1\na great film\tpos\na dull movie\tneg\nso good\tpos\n")
     rep = report(capsys, folder)
     assert rep["spec"] == f"tsv:path={folder},text=0,label=1,header=true" and rep["classes"] == {"neg": 3, "pos": 6}
+
+
+def test_a_config_file_checks_the_data_it_names(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_text(tmp_path / "corpus")
+    (tmp_path / "lm.yaml").write_text("task: {name: lm}\ndata: {dataset: {name: text, path: corpus}}\n")
+    rc, out, _ = check(capsys, "lm.yaml")
+    assert rc == 0 and out.startswith("text:path=corpus: your own data") and "lines      train 24" in out
+    (tmp_path / "wt.yaml").write_text(f"task: {{name: lm}}\ndata: {{dataset: wikitext-2, root: {tmp_path}}}\n")
+    rc, out, _ = check(capsys, "wt.yaml")    # a staged dataset: checked under the config's data root
+    assert rc == 1 and out.startswith(f"data root: {tmp_path}") and "wikitext-2    missing" in out
+    (tmp_path / "none.yaml").write_text("task: {name: lm}\n")
+    rc, _, err = check(capsys, "none.yaml")
+    assert rc == 2 and "config none.yaml needs data.dataset" in err
+
+
+@pytest.mark.parametrize("kind", ["text", "parallel"])
+def test_a_missing_validation_split_names_the_files_looked_for(tmp_path, capsys, kind):
+    folder = write_text(tmp_path / "d") if kind == "text" else write_pairs(tmp_path / "d")
+    suffix = ".txt" if kind == "text" else ".en"
+    (folder / f"valid{suffix}").unlink()
+    rc, _, err = check(capsys, folder)
+    assert rc == 2 and f"has no valid split: looked for valid{suffix}, val{suffix} or dev{suffix}" in err
+    (folder / f"valid{suffix}").write_text("a line\n" if kind == "text" else "the cat\n" * 6)
+    (folder / f"valid{suffix}").rename(folder / f"dev{suffix}")
+    if kind == "parallel":
+        (folder / "valid.fr").rename(folder / "dev.fr")
+    assert report(capsys, folder)["task"] in ("lm", "translation")

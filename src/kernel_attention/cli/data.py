@@ -11,6 +11,9 @@ Exit code of ``check``: 0 when every dataset that is present is intact (missing 
 spec (``graph:path=DIR,id=paper``), says what it detected: the spec that reads it, the task it serves, the
 splits (files, a column, or made by ratio), the sizes and the vocabulary, classes or columns.  Exit code 0
 when it reads, 1 when a file of it cannot be read, 2 when PATH does not exist or holds no known layout.
+
+``check CONFIG.yaml`` checks the data a config's ``data:`` section names: the user's own files as above, or a
+staged dataset under the config's data root.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="what is present under PATH, with split sizes; what is missing")
     c.add_argument("path", nargs="?", default=None, help="data root (default: $KERNEL_ATTENTION_DATA, else "
                    "../shared/data if it exists, else ~/.cache/kernel-attention); or a folder or file of your own "
-                   "data, or its spec (graph:path=DIR,id=paper): what it holds, for which task")
+                   "data, or its spec (graph:path=DIR,id=paper): what it holds, for which task; or a config file "
+                   "(.yaml): the data it names")
     c.add_argument("--dataset", "-d", action="append", default=None, help="check only this dataset (repeatable)")
     c.add_argument("--download", action="store_true", help="fetch missing files into PATH from their public source")
     c.add_argument("--no-verify", action="store_true", help="skip sha256 verification")
@@ -73,6 +77,11 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
     from kernel_attention.data.files import MissingDataError, default_root
     from kernel_attention.registry import SpecError
 
+    if path and not names and Path(path).suffix in (".yaml", ".yml") and Path(path).is_file():
+        named = _config_data(path)
+        if isinstance(named, int):
+            return named
+        path, names = named
     own = _own_data(path, names, download)
     if own is not None:
         return own if isinstance(own, int) else run_check_own(own, as_json, out)
@@ -123,6 +132,27 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
         if r["status"] in ("checksum-mismatch", "unreadable") or (names and r["status"] != "ok"):
             failed = True
     return 1 if failed else 0
+
+
+def _config_data(path: str) -> tuple[str | None, list[str] | None] | int:
+    """What the config file ``path`` names in ``data:``: ``(spec, None)`` for the user's own files (a by-path
+    spec), ``(data root or None, [dataset])`` for a staged dataset; 2 after a message when it names none."""
+    from kernel_attention.config import ConfigError, load_config
+    from kernel_attention.data.datasets import DATASETS, SPECS
+    from kernel_attention.registry import SpecError, parse_spec
+    from kernel_attention.tasks.data_source import dataset_spec
+
+    try:
+        spec = dataset_spec(load_config(path).get("data"), f"config {path}")
+        name = DATASETS.validate(spec)[0]
+    except (ConfigError, SpecError) as e:
+        print(f"kernel-attention: data check: {e}", file=sys.stderr)
+        return 2
+    params = parse_spec(spec)[1]  # as the config gives them, without the defaults
+    if not SPECS[name].by_path:
+        return params.get("root"), [name]
+    text = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items() if v is not None}
+    return f"{name}:" + ",".join(f"{k}={v}" for k, v in text.items()), None
 
 
 def _own_data(path: str | None, names, download: bool) -> str | int | None:

@@ -27,7 +27,13 @@ __all__ = [
     "read_bytes",
     "read_lines",
     "sha256_file",
+    "SPLIT_NAMES",
+    "find_split",
+    "split_names",
 ]
+
+#: The file stems a split of the user's own data may have (a validation split may be named val or dev).
+SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
 
 
 class DataFormatError(ValueError):
@@ -72,6 +78,22 @@ def resolve(path: str | os.PathLike, dataset: str | None = None) -> Path:
         else ""
     )
     raise MissingDataError(f"missing data file {p} (also looked for {candidates[1].name}){hint}")
+
+
+def find_split(folder: Path, split: str, suffix: str) -> Path | None:
+    """``folder/<stem><suffix>`` (or its ``.gz``) for the first of the split's :data:`SPLIT_NAMES` present, else
+    None; ``suffix`` is the extension with its dot (``".txt"``, ``".en"``)."""
+    for stem in SPLIT_NAMES[split]:
+        for cand in (folder / f"{stem}{suffix}", folder / f"{stem}{suffix}.gz"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def split_names(split: str, suffix: str) -> str:
+    """The file names :func:`find_split` accepts for a split, for a message: ``valid.txt, val.txt or dev.txt``."""
+    names = [f"{stem}{suffix}" for stem in SPLIT_NAMES[split]]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def read_bytes(path: str | os.PathLike, dataset: str | None = None) -> bytes:

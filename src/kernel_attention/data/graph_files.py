@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .files import DataFormatError, MissingDataError, read_lines
+from .files import SPLIT_NAMES, DataFormatError, MissingDataError, find_split, read_lines
 from .planetoid import GraphData, row_normalize, undirected_edges
 from .protocols import cut_by_fractions
 from .tables import _column, _number, class_names
@@ -53,7 +53,6 @@ __all__ = ["load_graph_folder", "find_graph_file", "GRAPH_FILES"]
 #: the file each role is found under when not named, without its suffix
 GRAPH_FILES = {"edges": "edges", "features": "features", "labels": "labels"}
 _SUFFIXES = ("csv", "tsv", "txt")
-_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
 _SPLIT_VALUES = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "test": "test"}
 _MASK_VALUES = {"0", "1", "true", "false"}
 _LAYOUT = ("give a folder with edges.csv (two node ids per row) and features.csv (one row per node), "
@@ -210,8 +209,8 @@ def _edge_list(p: Path, rows, where: dict[str, int], features: Path, id_col) -> 
 def _split_files(folder: Path, where: dict[str, int], encoding: str) -> dict[str, list[int]] | None:
     """The node indices of ``train.txt`` / ``valid.txt`` / ``test.txt``, or None when there is no train file."""
     found = {}
-    for split, names in _SPLIT_NAMES.items():
-        f = next((c for n in names for c in (folder / f"{n}.txt", folder / f"{n}.txt.gz") if c.is_file()), None)
+    for split in SPLIT_NAMES:
+        f = find_split(folder, split, ".txt")
         if f is not None:
             found[split] = f
     if "train" not in found:

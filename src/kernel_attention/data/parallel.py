@@ -25,7 +25,7 @@ import torch
 
 from .batching import batch_by_tokens, pad_sequences
 from .bpe import BPE
-from .files import DataFormatError, MissingDataError, read_lines
+from .files import SPLIT_NAMES, DataFormatError, MissingDataError, find_split, read_lines, split_names
 from .vocab import Vocab
 
 __all__ = [
@@ -87,9 +87,6 @@ def read_fairseq_layout(folder: str | Path, src: str = "de", tgt: str = "en", da
     return ParallelText(src, tgt, splits)
 
 
-_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
-
-
 def read_parallel_folder(folder: str | Path, src: str, tgt: str, tokenize: bool = False) -> ParallelText:
     """The user's own parallel text: ``<folder>/{train,valid,test}.{src,tgt}`` for any language codes
     (``valid`` may be named ``val`` or ``dev``; any file may be gzipped).  Lines are whitespace-tokenised
@@ -101,9 +98,12 @@ def read_parallel_folder(folder: str | Path, src: str, tgt: str, tokenize: bool 
         raise MissingDataError(f"parallel-text folder {folder} does not exist: it should hold "
                                f"train.{src}, train.{tgt}, valid.{src}, valid.{tgt}, test.{src}, test.{tgt}")
     splits = {}
-    for ours, names in _SPLIT_NAMES.items():
-        name = next((n for n in names for ext in ("", ".gz") if (folder / f"{n}.{src}{ext}").is_file()), names[0])
-        s, t = read_parallel_files(folder / f"{name}.{src}", folder / f"{name}.{tgt}")
+    for ours in SPLIT_NAMES:
+        found = find_split(folder, ours, f".{src}")
+        if found is None:
+            raise MissingDataError(f"parallel-text folder {folder} has no {ours} split: looked for "
+                                   f"{split_names(ours, '.' + src)} (plain or .gz), each with its .{tgt} beside it")
+        s, t = read_parallel_files(found, folder / f"{found.name.split('.')[0]}.{tgt}")
         if tokenize:
             s, t = [simple_tokenize(x) for x in s], [simple_tokenize(x) for x in t]
         splits[ours] = (s, t)

@@ -32,14 +32,11 @@ from pathlib import Path
 import torch
 
 from .classification import ClassificationData
-from .files import DataFormatError, MissingDataError, read_lines, resolve
+from .files import DataFormatError, MissingDataError, find_split, read_lines, resolve
 from .protocols import cut_by_fractions
 from .uci import RegressionData
 
 __all__ = ["load_table_classification", "load_table_regression", "read_table", "class_names"]
-
-_SPLITS = {"train": ("train",), "valid": ("valid", "val", "dev"), "test": ("test",)}
-
 
 def read_table(path: str | Path, sep: str, encoding: str = "utf-8") -> tuple[Path, list[list[str]]]:
     """The rows of a TSV (``sep="\\t"``, no quoting) or CSV (``sep=","``) file; empty lines are skipped, and a
@@ -115,14 +112,6 @@ def _read_split(path: Path, sep: str, text: str, label: str, header: str,
     return texts, labels
 
 
-def _find(folder: Path, split: str, ext: str) -> Path | None:
-    for name in _SPLITS[split]:
-        for cand in (folder / f"{name}.{ext}", folder / f"{name}.{ext}.gz"):
-            if cand.is_file():
-                return cand
-    return None
-
-
 def class_names(labels) -> list[str]:
     """The distinct label strings, sorted (as numbers when all are integers): class i is the i-th."""
     names = sorted(set(labels))
@@ -143,7 +132,7 @@ def load_table_classification(path: str | Path, sep: str, text: str = "text", la
     parts: dict[str, tuple[list[str], list[str]]] = {}
     if p.is_dir():
         for split in ("train", "valid", "test"):
-            f = _find(p, split, ext)
+            f = find_split(p, split, f".{ext}")
             if f is None:
                 if split == "valid":
                     continue

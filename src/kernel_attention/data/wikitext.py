@@ -24,7 +24,7 @@ from typing import Iterator
 
 import torch
 
-from .files import DataFormatError, MissingDataError, read_lines, resolve
+from .files import DataFormatError, MissingDataError, find_split, read_lines, resolve, split_names
 from .vocab import EOS, UNK, Vocab
 
 SPLITS = ("train", "valid", "test")
@@ -110,7 +110,7 @@ def load_text_corpus(path: str | Path, valid: float = 0.1, test: float = 0.1, se
     """A word-level corpus of the user's own plain text (one sentence or document per line, words split on
     whitespace, ``<eos>`` after each line; the WikiText recipe).
 
-    ``path`` is a folder holding ``train.txt``, ``valid.txt`` (or ``val.txt``) and ``test.txt`` (each
+    ``path`` is a folder holding ``train.txt``, ``valid.txt`` (or ``val.txt``, ``dev.txt``) and ``test.txt`` (each
     possibly ``.gz``), or one file whose lines are shuffled with ``seed`` and cut into
     ``valid`` / ``test`` fractions (at least one line each) and the rest for training.  The vocabulary is
     the training split's words seen ``min_freq`` times or more; other words become ``<unk>``."""
@@ -118,8 +118,10 @@ def load_text_corpus(path: str | Path, valid: float = 0.1, test: float = 0.1, se
     if p.is_dir():
         lines = {}
         for s in SPLITS:
-            names = [f"{s}.txt", "val.txt"] if s == "valid" else [f"{s}.txt"]
-            found = next((p / n for n in names if (p / n).is_file() or (p / (n + ".gz")).is_file()), p / names[0])
+            found = find_split(p, s, ".txt")
+            if found is None:
+                raise MissingDataError(f"text corpus {p} has no {s} split: looked for {split_names(s, '.txt')} (plain "
+                                       f"or .gz); or give one text file, split by the valid= and test= fractions")
             lines[s] = tokenize_lm_file(found)
             if not lines[s]:
                 raise DataFormatError(found, None, "the file is empty (no lines of text)")

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from kernel_attention.registry import SpecError
 
-__all__ = ["DATA_KEYS", "load_dataset", "check_dataset_spec", "check_data_section", "dataset_param"]
+__all__ = ["DATA_KEYS", "load_dataset", "check_dataset_spec", "check_data_section", "dataset_param", "dataset_spec"]
 
 #: the keys of a ``data:`` section, with what each holds
 DATA_KEYS = {"dataset": "a dataset name such as 'wikitext-2', or a mapping {name: ..., root: ...}; your own "
@@ -54,7 +54,7 @@ def check_data_section(data: Any) -> None:
         raise SpecError(f"data.root must be a folder path, got {root!r}")
 
 
-def _spec(data: Mapping[str, Any] | None, where: str) -> Any:
+def dataset_spec(data: Mapping[str, Any] | None, where: str) -> Any:
     """The dataset spec of a ``data:`` section, with ``data.root`` folded in as the spec's ``root``."""
     check_data_section(data)
     if not data or data.get("dataset") is None:
@@ -72,7 +72,7 @@ def _spec(data: Mapping[str, Any] | None, where: str) -> Any:
 
 def check_dataset_spec(data: Mapping[str, Any] | None, where: str, kinds: tuple[str, ...]) -> None:
     """Fail early on an unknown dataset name or one of the wrong kind (no file is read)."""
-    spec = _spec(data, where)
+    spec = dataset_spec(data, where)
     if isinstance(spec, (str, Mapping)):
         from kernel_attention.data import DATASETS, SPECS
         name, params = DATASETS.validate(spec)
@@ -88,7 +88,7 @@ def check_dataset_spec(data: Mapping[str, Any] | None, where: str, kinds: tuple[
 
 def load_dataset(data: Mapping[str, Any] | None, where: str) -> Any:
     """The dataset object of a ``data:`` section."""
-    spec = _spec(data, where)
+    spec = dataset_spec(data, where)
     if isinstance(spec, (str, Mapping)):
         from kernel_attention.data import DATASETS
         return DATASETS.create(spec)
@@ -99,7 +99,7 @@ def dataset_param(data: Mapping[str, Any] | None, key: str, default: Any = None)
     """The dataset spec's parameter ``key`` (the registry's default where the spec leaves it out), without
     reading a file: say ``tokenize``, which inputs given at inference must go through too; ``default`` for a
     dataset given as an object or one without that parameter."""
-    spec = _spec(data, "the data section")
+    spec = dataset_spec(data, "the data section")
     if not isinstance(spec, (str, Mapping)):
         return default
     from kernel_attention.data import DATASETS
