@@ -170,3 +170,24 @@ def test_a_split_value_out_of_the_vocabulary_and_negative_columns(tmp_path):
         DATASETS.create(f"graph:path={d},id=node,label=label,split=split")
     with pytest.raises(DataFormatError, match=r"label=-6 is not a column: the first row has 5 \(0\.\.4, or -1"):
         DATASETS.create(f"graph:path={d},id=node,label=-6,split=split")
+
+
+def test_a_first_column_headed_id_holds_the_node_ids_even_when_they_are_numbers(tmp_path, capsys):
+    d = tmp_path / "g"
+    d.mkdir()
+    (d / "features.csv").write_text("ID,a,b,label\n" + "".join(
+        f"{100 + i},{feature(i)[0]},{feature(i)[1]},{i % 2}\n" for i in range(N)))
+    (d / "edges.txt").write_text("".join(f"{100 + a} {100 + b}\n" for a, b in ring()))
+    g = DATASETS.create(f"graph:path={d}")
+    assert g.x.shape == (N, 2) and set(map(tuple, g.edge_index.t().tolist())) == undirected(ring())
+    assert main(["data", "check", str(d), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spec"] == f"graph:path={d},id=ID"
+    with pytest.raises(DataFormatError, match=r"features\.csv:1: column '0' holds 'ID', not a number"):
+        DATASETS.create(f"graph:path={d},header=false,label=-1")   # no header: the first row is a node
+
+
+def test_a_feature_beyond_float32_names_its_line(tmp_path):
+    d = write_csv_graph(tmp_path / "g")
+    (d / "features.csv").write_text("node,a,b,label\nn0,1,2,red\nn1,3,1e39,blue\n")
+    with pytest.raises(DataFormatError, match=r"features\.csv:3: column 'b' holds 1e\+39, beyond float32's range"):
+        DATASETS.create(f"graph:path={d}")

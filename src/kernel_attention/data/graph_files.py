@@ -11,8 +11,9 @@ suffix split on whitespace):
   not node ids is a header).  The graph is undirected: both directions of every edge are kept, duplicates
   and self-loops removed (``self_loops=true`` adds one per node), as the Planetoid preprocessing.
 * **features**: ``features.{csv,tsv,txt}`` (or ``features=NAME``), one row per node, numeric columns.
-  ``id=NAME|INDEX`` names its node-id column (ids are any strings); without one, node ``i`` is row ``i``
-  (0-based, the header not counted) and the edge list holds those numbers.  ``ignore=a+b`` leaves
+  ``id=NAME|INDEX`` names its node-id column (ids are any strings); without one, a first column headed
+  ``id``, ``node`` or ``node_id`` is it, else node ``i`` is row ``i`` (0-based, the header not counted) and the
+  edge list holds those numbers.  ``ignore=a+b`` leaves
   columns out; ``normalize_features=true`` divides each row by its sum (bag-of-words counts).
 * **labels**: the column ``label=NAME|INDEX`` (default ``label``) of ``labels.{csv,tsv,txt}`` (or
   ``labels=NAME``) when there is one, else of the features table.  A labels file is keyed by the ``id``
@@ -55,6 +56,8 @@ GRAPH_FILES = {"edges": "edges", "features": "features", "labels": "labels"}
 _SUFFIXES = ("csv", "tsv", "txt")
 _SPLIT_VALUES = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "test": "test"}
 _MASK_VALUES = {"0", "1", "true", "false"}
+#: headers of a first column read as the node ids without ``id=`` (any case)
+ID_HEADERS = ("id", "node", "node_id")
 _LAYOUT = ("give a folder with edges.csv (two node ids per row) and features.csv (one row per node), "
            "or name them with edges=, features=")
 
@@ -153,9 +156,12 @@ def _features(p: Path, rows, id_col, label_col, split_col, ignore, header, in_ta
             splits.append(cells[idx["split"]])
     if not ids:
         raise DataFormatError(p, None, "no node rows")
-    x = np.asarray(values, dtype=np.float32)
-    if not np.isfinite(x).all():
-        raise DataFormatError(p, None, "a feature is nan or inf")
+    with np.errstate(over="ignore"):
+        x = np.asarray(values, dtype=np.float32)
+    if not np.isfinite(x).all():  # a cell such as 1e39 overflows float32
+        row, col = np.argwhere(~np.isfinite(x))[0]
+        raise DataFormatError(p, body[row][0], f"column {names[feats[col]]!r} holds {values[row][col]:g}, beyond "
+                                               f"float32's range")
     return (ids, x, labels if idx["label"] is not None else None, splits if idx["split"] is not None else None,
             [names[i] for i in feats])
 
@@ -270,6 +276,8 @@ def load_graph_folder(path: str | Path, edges: str | None = None, features: str 
             raise MissingDataError(f"graph data {folder} has no {role} file ({GRAPH_FILES[role]}.csv, .tsv or .txt): "
                                    f"{_LAYOUT}")
     fp, frows = _rows(files["features"], encoding)
+    if id is None and header != "false" and frows[0][1][0].strip().lower() in ID_HEADERS:
+        id = frows[0][1][0]
     ignored = [w.strip() for w in (ignore or "").split("+") if w.strip()]
     in_table = files["labels"] is None
     ids, x, label_cells, split_cells, _ = _features(fp, frows, id, label, split, ignored, header, in_table)

@@ -31,7 +31,7 @@ from typing import Any
 
 from kernel_attention.registry import SpecError
 from .files import MissingDataError
-from .graph_files import _SPLIT_VALUES, _rows, find_graph_file
+from .graph_files import _SPLIT_VALUES, ID_HEADERS, _rows, find_graph_file
 from .tables import _number, read_table
 
 __all__ = ["detect_spec", "describe_own", "TASK_OF_KIND"]
@@ -84,7 +84,7 @@ def _graph_spec(folder: Path) -> str:
     first, body = rows[0], rows[1] if len(rows) > 1 else rows[0]
     header = any(_number(c) is None for c in first[1:-1])  # feature names between the id and the label
     spec = f"graph:path={folder}"
-    if _number(body[0]) is None:  # the first column holds no numbers: node ids
+    if _number(body[0]) is None or (header and first[0].strip().lower() in ID_HEADERS):  # node ids
         spec += f",id={first[0] if header else 0}"
     labels = find_graph_file(folder, "labels")
     if labels is not None:  # the label column is the labels file's, under the same header rule
