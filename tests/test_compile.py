@@ -69,6 +69,12 @@ def test_dynamic_shapes_compile_once_for_every_length(kernel, position, filt):
             torch.testing.assert_close(y, layer(x), atol=1e-4, rtol=1e-4)
 
 
+def test_the_functional_scale_compiles_fullgraph():
+    q, k, v = torch.randn(3, 2, 2, 6, 8).unbind(0)
+    f = torch.compile(lambda q, k, v: ka.attention(q, k, v, kernel="rbf", scale=0.3), fullgraph=True)
+    torch.testing.assert_close(f(q, k, v), ka.attention(q, k, v, kernel="rbf:scale=0.3"))
+
+
 def test_grouped_query_attention_compiles_fullgraph():
     """Two key/value heads for four query heads: one fused call on the grouped heads (``enable_gqa``)."""
     torch.manual_seed(0)

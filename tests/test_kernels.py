@@ -84,6 +84,28 @@ def test_exp_equals_sdpa_with_masks():
     torch.testing.assert_close(ka.attention(q, k, v, mask=fm), F.scaled_dot_product_attention(q, k, v, attn_mask=fm))
 
 
+@pytest.mark.parametrize("backend", ["auto", "dense"])
+def test_scale_is_sdpas_scale_with_gradients(backend):
+    q, k, v = (t.requires_grad_() for t in _qkv(Tq=5, Tk=5))
+    out = ka.attention(q, k, v, mask="causal", scale=0.3, backend=backend)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v)))
+
+
+def test_scale_sets_the_rbf_exponent_and_is_refused_where_it_has_no_meaning():
+    q, k, v = _qkv()
+    ref = smoother_loop(q, k, v, lambda a, b: kernel_value("rbf", a, b, scale=0.3))
+    torch.testing.assert_close(ka.attention(q, k, v, kernel="rbf", scale=0.3), ref, rtol=1e-9, atol=1e-10)
+    assert ka.explain(q, k, v, kernel="rbf", scale=0.3).name == ka.explain(q, k, v, kernel="rbf:scale=0.3").name
+    with pytest.raises(ka.SpecError, match="kernel 'poly' has no scale; scale= applies to exp, rbf"):
+        ka.attention(q, k, v, kernel="poly", scale=0.3)
+    with pytest.raises(ka.SpecError, match="scale=0.3 and the kernel spec's scale=0.2 disagree"):
+        ka.attention(q, k, v, kernel="exp:scale=0.2", scale=0.3)
+    with pytest.raises(ValueError, match=r"a kernel object takes its scale when built"):
+        ka.attention(q, k, v, kernel=ka.make_kernel("exp"), scale=0.3)
+
+
 def test_exp_module_equals_multihead_attention():
     torch.manual_seed(1)
     d, H, T = 16, 4, 7

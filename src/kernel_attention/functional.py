@@ -57,6 +57,28 @@ def _stateless(kern: Kernel) -> bool:
     return next(iter(kern.parameters()), None) is None and next(iter(kern.buffers()), None) is None
 
 
+def _with_scale(kernel, scale: float | None):
+    """``kernel`` with the scale of its exponent set to ``scale`` (the ``scale=`` of PyTorch's fused attention):
+    a spec string gains ``scale=``, so that it is still kept between calls.  A kernel object, a kernel without
+    a ``scale`` parameter, or a spec that gives another scale, is refused."""
+    if scale is None:
+        return kernel
+    from kernel_attention.kernels import KERNELS
+    from kernel_attention.registry import SpecError
+
+    if isinstance(kernel, Kernel):
+        raise ValueError(f"scale= goes with a kernel given by name; a kernel object takes its scale when built "
+                         f"(for instance ExpKernel(scale={scale}))")
+    name, params = KERNELS.validate(kernel)
+    if "scale" not in params:
+        with_scale = ", ".join(n for n in KERNELS.names() if any(p.name == "scale" for p in KERNELS.entry(n).params))
+        raise SpecError(f"kernel {name!r} has no scale; scale= applies to {with_scale}")
+    if params["scale"] is not None and params["scale"] != scale:
+        raise SpecError(f"scale={scale} and the kernel spec's scale={params['scale']} disagree; give one of them")
+    params["scale"] = float(scale)
+    return f"{name}:" + ",".join(f"{k}={v}" for k, v in params.items() if v is not None)
+
+
 def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None) -> Tensor:
     """``filt.mask``, kept per (filter, Tq, Tk, device) when it is a function of those alone."""
     if key_mask is not None or not filt.by_spec or tq * tk > _MASK_ELEMENTS or torch.compiler.is_compiling():
@@ -233,7 +255,7 @@ def check_float_mask(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> Tenso
 def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
               key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
               terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
-              enable_gqa: bool = False, backend="auto"):
+              enable_gqa: bool = False, scale: float | None = None, backend="auto"):
     r"""Kernel-smoother attention (Transformer Dissection, Definition 1).
 
     .. math::  out_i = \sum_{j \in M(i)} \frac{k(q_i, k_j)}{\sum_{j' \in M(i)} k(q_i, k_{j'})} v_j
@@ -256,6 +278,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
         need_weights: also return the (B, H, Tq, Tk) weights.
         enable_gqa: grouped-query attention: k and v may have H_kv heads, a divisor of q's H, each shared by
             H / H_kv consecutive query heads (as in :func:`torch.nn.functional.scaled_dot_product_attention`).
+        scale: the factor of <q, k> in the exponent of ``exp`` (or of -||q - k||^2 in ``rbf``); None: the
+            kernel's own (1/sqrt(D) by default), as PyTorch's ``scale=``.  The same as ``kernel="exp:scale=s"``.
         backend: ``"auto"`` (default) walks the named backends in order (``sdpa``, ``triton``, ``flex``,
             ``banded``, ``squared``, ``blockwise``, ``linear``, ``dense``) and takes the first that runs the call; a
             name (or a spec such as ``"blockwise:block=4096"``) forces one and raises
@@ -274,7 +298,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
     kernel) and overflows float16's range, where an exp-family kernel's soft-max subtracts the row maximum.
     """
     _tensors(q, k, v)  # before q.dtype is read
-    kern = _from_spec("kernel", kernel, make_kernel, _stateless)
+    kern = _from_spec("kernel", _with_scale(kernel, scale), make_kernel, _stateless)
     out_dtype = q.dtype
     wide = not kern.positive and (q.dtype in (torch.float16, torch.bfloat16)
                                   or torch.is_autocast_enabled(q.device.type))
@@ -329,7 +353,7 @@ def _run(problem, backend) -> tuple:
 def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
                   key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
                   terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
-                  enable_gqa: bool = False, defer_mask: bool = False):
+                  enable_gqa: bool = False, scale: float | None = None, defer_mask: bool = False):
     """Check the inputs and resolve the kernel, filter and additive terms into a backend
     :class:`~kernel_attention.backends.Problem` (the arguments are those of :func:`attention`).
     ``defer_mask``: a structured filter's (Tq, Tk) mask is formed only when a backend reads ``keep``
@@ -340,7 +364,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     check_inputs(q, k, v, groups=groups)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    kern = _from_spec("kernel", kernel, make_kernel, _stateless)
+    kern = _from_spec("kernel", _with_scale(kernel, scale), make_kernel, _stateless)
     keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal, defer=defer_mask)
     keep, keep_fn = (None, keep) if callable(keep) else (keep, None)
     bias = check_float_mask("bias", bias, q, k)
