@@ -153,6 +153,18 @@ def test_a_resume_that_writes_out_a_default_is_the_same_run(trained, capsys):
     assert f"train.weight_decay: {wd!r} -> 0.5" in one_line(capsys.readouterr().err)
 
 
+def test_an_attention_spec_written_another_way_is_the_same_run():
+    from kernel_attention.tasks.resume_check import changed_keys
+
+    def lm(**attention):
+        return {"task": {"name": "lm"}, "model": {"d_model": 16, "attention": attention}}
+
+    same = lm(kernel={"name": "poly", "degree": 2}, position={"name": "xl"}, filter="causal & local:window=4")
+    assert changed_keys(lm(kernel="poly", position="xl", filter="causal&local:window=4"), same) == []
+    assert changed_keys(lm(kernel="poly"), lm(kernel="poly:degree=3", position="none")) == [
+        ("model.attention.kernel.degree", 2, 3), ("model.attention.position.name", None, "none")]
+
+
 def test_a_full_disk_says_no_space_left_on_device(tmp_path, capsys, monkeypatch):
     import kernel_attention.training.checkpoint as checkpoint
 

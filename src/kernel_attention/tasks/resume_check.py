@@ -50,10 +50,39 @@ def _free(key: str) -> bool:
     return any(key.startswith(k) if k.endswith(".") else key == k for k in FREE_KEYS)
 
 
+def _one_form(section: Any) -> Any:
+    """An attention section (KernelAttention arguments) with its kernel and position specs in one form,
+    ``{name, every parameter}``, and its filter as the filter's repr: ``poly``, ``poly:degree=2`` and ``{name:
+    poly}`` are one kernel.  Keys left out stay out (the model that reads the section gives their defaults);
+    a spec that does not validate stays as written."""
+    from kernel_attention.filters import make_filter
+    from kernel_attention.kernels import KERNELS
+    from kernel_attention.positions import POSITIONS
+    from kernel_attention.registry import SpecError
+
+    if not isinstance(section, Mapping):
+        return section
+    out = dict(section)
+    for key, registry in (("kernel", KERNELS), ("position", POSITIONS)):
+        if isinstance(out.get(key), (str, Mapping)):
+            try:
+                name, params = registry.validate(out[key])
+                out[key] = {"name": name, **params}
+            except (SpecError, TypeError, ValueError):
+                pass
+    if isinstance(out.get("filter"), (str, Mapping)):
+        try:
+            out["filter"] = repr(make_filter(out["filter"]))
+        except (SpecError, TypeError, ValueError):
+            pass
+    return out
+
+
 def _filled(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``cfg`` with the defaults of its ``train`` section (every TrainConfig field), its ``model`` section (the
-    task's model and each of its parameters) and ``seed`` written out, so that a key set to its default is no
-    change; a section that no longer validates stays as written."""
+    task's model and each of its parameters) and ``seed`` written out, and its attention sections' specs in one
+    form (:func:`_one_form`), so that a key set to its default, or a spec written another way, is no change; a
+    section that no longer validates stays as written."""
     from kernel_attention.models import MODELS
     from kernel_attention.tasks import build_task
     from kernel_attention.tasks.runner import train_config
@@ -69,6 +98,8 @@ def _filled(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["model"] = {"name": name, **params}
     except (ValueError, TypeError, AttributeError, FileNotFoundError):
         pass
+    if isinstance(out.get("model"), Mapping):
+        out["model"] = {k: _one_form(v) if str(k).endswith("attention") else v for k, v in out["model"].items()}
     return out
 
 
