@@ -47,6 +47,27 @@ def test_load_translation_and_export_command(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing")]) == 2
     assert "cannot export" in capsys.readouterr().err
 
+    alone = tmp_path / "alone"   # the safetensors file copied alone: its vocabulary and BPE from its metadata
+    alone.mkdir()
+    shutil.copy(run / "model.safetensors", alone)
+    moved = ka.load(alone / "model.safetensors")
+    assert sorted(p.name for p in alone.iterdir()) == ["model.safetensors"]
+    assert moved.task.translate_lines(moved.model, lines) == full.task.translate_lines(full.model, lines)
+
+
+def test_overrides_change_the_key_they_name_and_no_other(tmp_path, capsys):
+    from kernel_attention.tasks.runner import merge_overrides
+
+    stored = {"model": {"d_model": 16, "encoder_attention": {"kernel": "rbf", "position": "shaw"}}, "eval": {"beam": 4}}
+    assert merge_overrides(stored, {"model": {"encoder_attention": {"position": "xl"}}, "eval": {"beam": 1}}) == {
+        "model": {"d_model": 16, "encoder_attention": {"kernel": "rbf", "position": "xl"}}, "eval": {"beam": 1}}
+    _, run = train_mt(tmp_path, steps=1)
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "foo.bar=3"]) == 2
+    assert "unknown config section 'foo'" in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--split", "valid", "--test-src", "a", "--test-tgt", "b"]) == 2
+    assert "--split valid reads the dataset's split" in capsys.readouterr().err
+
 
 def test_an_export_or_average_written_to_another_folder_loads_there(tmp_path, capsys):
     """--out outside the run directory: the vocabulary and BPE files go with the file, which then loads, evaluates

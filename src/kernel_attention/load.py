@@ -11,22 +11,23 @@ back in eval mode on ``device`` (the CPU by default).
 
 :func:`export` writes the weights of a run as ``RUN/model.safetensors`` (``train`` does it when a run
 finishes; ``kernel-attention export RUN`` for a run written before): a file other tools load without
-pickle.  Its metadata holds the run's config and vocabulary file names as JSON (``config``, ``artifacts``),
-so :func:`load` rebuilds the model from it and the vocabulary files beside it (an export written to another
-folder gets a copy of them there).
+pickle.  Its metadata holds the run's config, its vocabulary file names and their contents as JSON
+(``config``, ``artifacts``, ``files``), so :func:`load` rebuilds the model from the file alone (an export
+written to another folder also gets a copy of the vocabulary files there, which other tools may read).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import torch
 
-__all__ = ["LoadedRun", "load", "export", "copy_artifacts", "SAFETENSORS_NAME"]
+__all__ = ["LoadedRun", "load", "export", "artifact_files", "copy_artifacts", "SAFETENSORS_NAME"]
 
 SAFETENSORS_NAME = "model.safetensors"
 _FORMAT = "kernel-attention"
@@ -89,7 +90,15 @@ def _read_safetensors(path: Path, overrides: Mapping[str, Any] | None, device: s
     if meta.get("format") != _FORMAT or "config" not in meta:
         raise ConfigError(f"{path} was not written by kernel-attention export (its metadata has no run config)")
     cfg = merge_overrides(json.loads(meta["config"]), overrides)
-    task, model = build_run(cfg, json.loads(meta.get("artifacts") or "null"), path)
+    artifacts = json.loads(meta.get("artifacts") or "null")
+    files = json.loads(meta.get("files") or "{}")
+    if all((path.parent / name).is_file() for name in files):
+        task, model = build_run(cfg, artifacts, path)
+    else:  # the file travelled alone: its vocabulary / BPE files from its metadata
+        with tempfile.TemporaryDirectory() as folder:
+            for name, text in files.items():
+                (Path(folder) / name).write_text(text, encoding="utf-8")
+            task, model = build_run(cfg, artifacts, Path(folder) / path.name)
     missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
         raise ConfigError(f"{path} was written by a different model than its config builds: "
@@ -118,14 +127,8 @@ def load(run: str | Path, device: str | torch.device = "cpu",
     return LoadedRun(model=model, config=cfg, task=task, path=path, vocab=vocab, bpe=bpe, tokenizer=tokenizer)
 
 
-def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
-    """Copy the files a run's ``artifacts`` name (its vocabulary and BPE files, kept beside its checkpoints in
-    ``source``) into ``folder``, where a checkpoint or export written there is loaded from; returns their names.
-    A file of the same name and content already there is kept; one of other content (another run's vocabulary)
-    is an error, since the file written would then load with it."""
-    import filecmp
-    import shutil
-
+def artifact_files(artifacts: Any, source: Path) -> list[str]:
+    """The names of the files in ``source`` that a run's ``artifacts`` (a mapping, possibly nested) name."""
     names = []
     stack = [artifacts]
     while stack:
@@ -134,6 +137,18 @@ def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
             stack.extend(item.values())
         elif isinstance(item, str) and (source / item).is_file():
             names.append(item)
+    return names
+
+
+def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
+    """Copy the files a run's ``artifacts`` name (its vocabulary and BPE files, kept beside its checkpoints in
+    ``source``) into ``folder``, where a checkpoint or export written there is loaded from; returns their names.
+    A file of the same name and content already there is kept; one of other content (another run's vocabulary)
+    is an error, since the file written would then load with it."""
+    import filecmp
+    import shutil
+
+    names = artifact_files(artifacts, source)
     if folder.resolve() != source.resolve():
         for name in names:
             if not (folder / name).exists():
@@ -147,8 +162,8 @@ def copy_artifacts(artifacts: Any, source: Path, folder: Path) -> list[str]:
 def export(run: str | Path, out: str | Path | None = None) -> Path:
     """Write the weights of a run (its ``best.pt``, else ``last.pt``, or the ``.pt`` given) as a
     safetensors file, by default ``model.safetensors`` in the run directory; returns its path.  The
-    metadata holds ``format``, ``config`` and ``artifacts`` (JSON), ``step`` and ``source`` (the
-    checkpoint's file name)."""
+    metadata holds ``format``, ``config`` and ``artifacts`` (JSON), ``files`` (the contents of the vocabulary /
+    BPE files ``artifacts`` names, JSON ``{name: text}``), ``step`` and ``source`` (the checkpoint's file name)."""
     from safetensors.torch import save_model
 
     from kernel_attention.atomic_write import replacing
@@ -164,7 +179,8 @@ def export(run: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out) if out is not None else path.parent / SAFETENSORS_NAME
     meta = {"format": _FORMAT, "config": json.dumps(extra.get("config") or cfg, default=str),
             "artifacts": json.dumps(extra.get("artifacts"), default=str), "step": str(ck.get("step")),
-            "source": path.name}
+            "source": path.name, "files": json.dumps({name: (path.parent / name).read_text(encoding="utf-8")
+                                                       for name in artifact_files(extra.get("artifacts"), path.parent)})}
     out.parent.mkdir(parents=True, exist_ok=True)
     copy_artifacts(extra.get("artifacts"), path.parent, out.parent)  # read beside the file when it is loaded
     with replacing(out) as tmp:

@@ -113,7 +113,15 @@ def test_the_average_command_writes_a_checkpoint_that_evaluates(tmp_path, capsys
                  "train.max_steps=2"]) == 0
     capsys.readouterr()
     assert main(["average", str(run / "step_8.pt"), str(wider / "step_2.pt")]) == 2
-    assert "was written by a different model" in capsys.readouterr().err
+    assert "are checkpoints of two runs (model.d_model: 8 vs 16)" in capsys.readouterr().err
+    rbf = tmp_path / "rbf"  # the same shapes, another kernel: weights that fit, of another run
+    assert main(["train", str(cfg), "--run-dir", str(rbf), "--threads", "1", "train.max_steps=2",
+                 "model.encoder_attention.kernel=rbf"]) == 0
+    capsys.readouterr()
+    assert main(["average", str(run / "step_8.pt"), str(rbf / "step_2.pt")]) == 2
+    assert "checkpoints of two runs (model.encoder_attention.kernel" in capsys.readouterr().err
+    assert main(["average", str(run / "step_8.pt"), str(run / "step_8.pt")]) == 2
+    assert "are both step 8: the checkpoints of one run have distinct steps" in capsys.readouterr().err
 
 
 def test_the_average_command_names_what_is_wrong(tmp_path, capsys):

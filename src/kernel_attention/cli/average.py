@@ -49,6 +49,29 @@ def _checkpoints(paths: list[str], last: int | None) -> list[Path]:
     return [Path(p) for p in paths]
 
 
+def _one_run(pairs: list[tuple[dict, Path]]) -> None:
+    """ValueError unless the checkpoints are distinct steps of one run: one model and task in their stored
+    configs (a resumed run may have changed its training keys, such as ``train.max_steps``)."""
+    from kernel_attention.tasks.resume_check import changed_keys
+
+    seen: dict = {}
+    for state, f in pairs:
+        step = state.get("step")
+        if step in seen:
+            raise ValueError(f"{seen[step]} and {f} are both step {step}: the checkpoints of one run have distinct "
+                             f"steps (a file named twice, or two runs)")
+        seen[step] = f
+    (first, f0), configs = pairs[0], [((s.get("extra") or {}).get("config"), f) for s, f in pairs]
+    base = (first.get("extra") or {}).get("config")
+    for cfg, f in configs[1:]:
+        if base is None or cfg is None:
+            continue
+        differ = [(k, a, b) for k, a, b in changed_keys(base, cfg) if k.split(".")[0] in ("model", "task")]
+        if differ:
+            listed = "; ".join(f"{k}: {a!r} vs {b!r}" for k, a, b in differ[:3])
+            raise ValueError(f"{f0} and {f} are checkpoints of two runs ({listed}): average the checkpoints of one")
+
+
 def run(args) -> int:
     from kernel_attention.load import copy_artifacts
     from kernel_attention.tasks.runner import load_run
@@ -58,6 +81,7 @@ def run(args) -> int:
     try:
         pairs = sorted(((load_checkpoint(f), f) for f in _checkpoints(args.paths, args.last)),
                        key=lambda sf: sf[0].get("step", 0))
+        _one_run(pairs)
         states, files = [s for s, _ in pairs], [f for _, f in pairs]
         _, model, _ = load_run(files[-1])
         for s, f in pairs:

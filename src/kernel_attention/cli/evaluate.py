@@ -29,7 +29,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        epilog=describe_config_keys())
     p.add_argument("checkpoint")
     p.add_argument("overrides", nargs="*", help="section.key=value changes to the stored config")
-    p.add_argument("--split", default="test", choices=("valid", "test"))
+    p.add_argument("--split", default=None, choices=("valid", "test"), help="the dataset's split (default: test)")
     p.add_argument("--test-src", metavar="FILE", help="translation: evaluate on this source file (one tokenised "
                    "sentence per line) with --test-tgt, instead of the dataset's test split")
     p.add_argument("--test-tgt", metavar="FILE", help="translation: the references of --test-src, line by line")
@@ -62,7 +62,11 @@ def run(args) -> int:
     if loaded is None:
         return 2
     task, model, _ = loaded
-    split = args.split
+    split = args.split or "test"
+    if split != "test" and (args.test_src or args.test_tgt or args.test_file):
+        print(f"kernel-attention: --split {split} reads the dataset's split; the files of --test-src/--test-tgt or "
+              f"--test-file are evaluated as the test split: leave --split out", file=sys.stderr)
+        return 2
     if args.test_src or args.test_tgt:
         if not (args.test_src and args.test_tgt) or not hasattr(task, "set_test_pair"):
             print("kernel-attention: --test-src and --test-tgt go together, with a translation run", file=sys.stderr)

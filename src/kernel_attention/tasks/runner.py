@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from kernel_attention.config import ConfigError, dump_config
+from kernel_attention.config import ConfigError, dump_config, validate_sections
 from kernel_attention.data.files import MissingDataError
 from kernel_attention.tasks import TASKS, build_task
 from kernel_attention.tasks.resume_check import check_resume_config
@@ -135,14 +135,17 @@ def load_run(checkpoint: str | Path, overrides: Mapping[str, Any] | None = None,
 
 
 def merge_overrides(cfg: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``cfg`` with sections replaced (or, for mappings, updated) by ``overrides``."""
-    cfg = dict(cfg)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, Mapping) and isinstance(cfg.get(key), Mapping):
-            cfg[key] = {**cfg[key], **value}
-        else:
-            cfg[key] = value
-    return cfg
+    """``cfg`` with ``overrides`` merged in at every depth (``{"model": {"encoder_attention": {"position":
+    "shaw"}}}`` changes that key alone, as ``model.encoder_attention.position=shaw`` does for ``train``); a value
+    that is no mapping replaces what was there.  The sections are then checked as a config file's are."""
+    def merged(old: Any, new: Any) -> Any:
+        if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+            return new
+        return {**old, **{k: merged(old.get(k), v) for k, v in new.items()}}
+
+    out = merged(dict(cfg), dict(overrides or {}))
+    validate_sections(out)
+    return out
 
 
 def build_run(cfg: Mapping[str, Any], artifacts: Mapping[str, Any] | None,
