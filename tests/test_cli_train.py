@@ -101,6 +101,8 @@ def test_generate_prints_line_ends_as_new_lines():
     (["model.decoder_attention.position=xl", "model.decoder_attention.value_position=relative"],
      "value_position='relative' is Shaw's a\\^V table and needs position='shaw'"),
     (["model.cross_attention.positon=shaw"], "unknown attention option.*positon"),
+    (["model.decoder_attention.filter=padding&local:window=2"],
+     "decoder_attention \\(C\\): filter 'padding&local:window=2' reads a batch's padding mask, which the model"),
     (["task.kind=palindrome"], "kind.*not one of"),
     (["train.optimiser=sgd"], "unknown train option.*optimiser"),
     (["train.schedule=warmup_linear"], "unknown schedule 'warmup_linear'"),

@@ -32,7 +32,8 @@ def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any
     """``defaults`` overridden by ``user``; unknown keys and impossible combinations fail here.
 
     Checked: every key is a KernelAttention argument; the kernel, position and filter names exist with
-    valid parameters; ``value_position="relative"`` needs ``position="shaw"``.
+    valid parameters; ``value_position="relative"`` needs ``position="shaw"``; no filter reads the padding mask
+    itself (the models pass it with each batch, and a language model's segments or a decoding step have none).
     """
     cfg = {**defaults, **attention_options(user, where)}
     try:
@@ -40,8 +41,9 @@ def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any
             KERNELS.validate(cfg.get("kernel", "exp"))
         position = cfg.get("position", "none")
         pos_name = position.name if isinstance(position, nn.Module) else POSITIONS.validate(position)[0]
-        if not isinstance(cfg.get("filter", "full"), Tensor):
-            make_filter(cfg.get("filter", "full"))
+        if not isinstance(cfg.get("filter", "full"), Tensor) and make_filter(cfg.get("filter", "full")).needs_key_mask:
+            raise SpecError(f"filter {cfg['filter']!r} reads a batch's padding mask, which the model applies to "
+                            f"every attention already (padding keys never take part); leave 'padding' out")
         vp = cfg.get("value_position", "none")
         if vp == "relative" and pos_name != "shaw":
             raise SpecError(f"value_position='relative' is Shaw's a^V table and needs position='shaw', "
