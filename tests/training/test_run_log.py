@@ -57,3 +57,6 @@ def test_end_of_run_reads_what_fit_returned_from_the_records(tmp_path):
         assert ended["final"][split]["loss"] == pytest.approx(summary["final"][split]["loss"])
     assert ended["best_test"]["loss"] == pytest.approx(summary["best_test"]["loss"])
     assert end_of_run([]) == {"final": {}, "best_test": None}
+    again = Trainer(ToyTask(), cfg, tmp_path).fit()   # a finished run run again reports its end, trains no more
+    assert again["step"] == 7 and again["final"]["test"]["loss"] == pytest.approx(summary["final"]["test"]["loss"])
+    assert again["best_test"]["loss"] == pytest.approx(summary["best_test"]["loss"])

@@ -62,7 +62,7 @@ from kernel_attention.study.locks import cell_lock, running_elsewhere
 from kernel_attention.study.revision import code_revision
 from kernel_attention.study.twins import finished_elsewhere, finished_twin, other_studies_results, twins_of
 from kernel_attention.training.interrupt import stop_if_asked
-from kernel_attention.training.run_log import end_of_run, read_metrics
+from kernel_attention.training.run_log import read_metrics
 from kernel_attention.training.progress_line import format_duration
 
 __all__ = ["run_cell", "run_study", "read_results", "cell_dir", "select_cells", "is_stale", "format_duration"]
@@ -119,8 +119,6 @@ def run_cell(cell: Cell, run_dir: Path, metric: str, checkpoint_minutes: float |
     rec["command"] = command
     rec["revision"] = code_revision()
     rows = read_metrics(run_dir)
-    if summary and not summary.get("final"):  # finished before this invocation: its end-of-run records
-        summary = {**summary, **end_of_run(rows)}
     train_losses = [r.get("loss") for r in rows if r.get("split") == "train"]
     valids = [r[metric] for r in rows if r.get("split") == "valid" and metric in r]
     final = summary.get("final") or {}

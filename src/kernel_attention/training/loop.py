@@ -80,7 +80,7 @@ from kernel_attention.training.config import TrainConfig, seed_everything
 from kernel_attention.training.interrupt import StopRequest, Stopped
 from kernel_attention.training.optimizer import load_optimizer_state, make_optimizer
 from kernel_attention.training.progress_line import progress_display
-from kernel_attention.training.run_log import RunLog
+from kernel_attention.training.run_log import RunLog, end_of_run, read_metrics
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task
 
@@ -335,8 +335,8 @@ class Trainer:
         c = self.config
         self._t0 = self._saved_at = time.time()
         summary: dict[str, Any] = {"final": {}, "best_test": None, "interrupted": False}
-        if self.finished and self._done():
-            return self._summary(summary)
+        if self.finished and self._done():  # run again when it has finished: its end-of-run records
+            return self._summary({**summary, **end_of_run(read_metrics(self.run_dir))})
         if self.finished:  # a finished run given more updates (a larger max_steps) trains on from its end
             self.finished = False
             self.metrics.truncate(self.step, finals=False)
