@@ -77,3 +77,21 @@ def test_the_package_exports_every_public_name_it_imports():
     import types
     public = {n for n, v in vars(ka).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
     assert public == set(ka.__all__) - {"__version__"}
+
+
+def test_the_factories_take_a_parts_parameters_as_keywords():
+    assert ka.make_kernel("rbf", scale=0.3).scale == 0.3 and ka.make_kernel("poly", degree=3).degree == 3
+    ikan = ka.make_kernel("ikan", n_heads=2, d_head=8, R=4)
+    assert ikan.hparams()["R"] == 4
+    assert repr(ka.make_filter("local", window=2)) == repr(ka.make_filter("local:window=2"))
+    shaw = ka.positions.make_position("shaw", d_model=8, n_heads=2, d_head=4, clip=3)
+    assert shaw.clip == 3
+    with pytest.raises(ka.SpecError, match=r"kernel 'rbf' has no parameter foo; accepted: scale.* \(and n_heads, "
+                                           r"d_head, the sizes of the layer\)"):
+        ka.make_kernel("rbf", foo=1)
+    with pytest.raises(ka.SpecError, match="kernel 'rbf': scale is given in the spec and as a keyword"):
+        ka.make_kernel("rbf:scale=0.2", scale=0.3)
+    with pytest.raises(ka.SpecError, match="filter 'local' has no parameter size; accepted: window"):
+        ka.make_filter("local", size=2)
+    with pytest.raises(ka.SpecError, match="go with one filter's name"):
+        ka.make_filter("causal&local", window=2)

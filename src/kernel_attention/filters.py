@@ -28,6 +28,8 @@ fixed            j <= p and (j // stride == p // stride or j % stride >= stride 
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from torch import Tensor
 
@@ -405,9 +407,15 @@ class Or(_Combined):
         return lo, torch.maximum(ha.masked_fill(ea, 0), hb.masked_fill(eb, 0))
 
 
-def make_filter(spec) -> Filter:
+def make_filter(spec, **params) -> Filter:
     """A filter from a :class:`Filter`, a bool tensor, a name/spec, or a composed string
-    ``"causal&local:window=8|strided:stride=4"`` (``&`` binds tighter than ``|``)."""
+    ``"causal&local:window=8|strided:stride=4"`` (``&`` binds tighter than ``|``).  ``params`` are a named
+    filter's parameters: ``make_filter("local", window=8)`` is ``make_filter("local:window=8")``."""
+    if params:
+        if not isinstance(spec, (str, Mapping)) or isinstance(spec, str) and ("|" in spec or "&" in spec):
+            raise SpecError(f"filter parameters as keywords go with one filter's name, not {spec!r}: write them in "
+                            f"the spec ('local:window=8&causal')")
+        spec = FILTERS.with_params(spec, params)[0]
     if isinstance(spec, Filter):
         return spec
     if isinstance(spec, Tensor):

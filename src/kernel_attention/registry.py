@@ -218,6 +218,30 @@ class Registry:
                 out[p.name] = p.default
         return name, out
 
+    def with_params(self, spec: Any, given: Mapping[str, Any], context: Iterable[str] = ()) -> tuple[Any, dict]:
+        """``(spec, rest)``: ``spec`` with the keyword arguments ``given`` that name its entry's parameters added
+        (``make_kernel("rbf", scale=0.3)`` is ``"rbf:scale=0.3"``), and the others, each one of the ``context``
+        names.  A parameter given twice, or a keyword that is neither, fails naming what is accepted."""
+        if not given:
+            return spec, {}
+        name, params = parse_spec(spec)
+        entry = self.entry(name)
+        known = {p.name for p in entry.params}
+        context = tuple(context)
+        unknown = sorted(set(given) - known - set(context))
+        if unknown:
+            accepted = ", ".join(p.describe() for p in entry.params) or "none"
+            raise SpecError(f"{self.kind} {name!r} has no parameter {', '.join(unknown)}; accepted: {accepted}"
+                            + (f" (and {', '.join(context)}, the sizes of the layer)" if context else ""))
+        twice = sorted(set(given) & known & set(params))
+        if twice:
+            raise SpecError(f"{self.kind} {name!r}: {', '.join(twice)} is given in the spec and as a keyword; give "
+                            f"it once")
+        mine = {k: v for k, v in given.items() if k in known}
+        if not mine:
+            return spec, dict(given)
+        return {"name": name, **params, **mine}, {k: v for k, v in given.items() if k not in known}
+
     def create(self, spec: Any, **context: Any) -> Any:
         """Build a part from a spec.  ``context`` holds sizes the caller knows and the user does not
         choose (``d_model``, ``n_heads``, ``d_head``, ...); each factory receives only the context

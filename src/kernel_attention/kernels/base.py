@@ -99,9 +99,17 @@ class Kernel(nn.Module):
 
 KERNELS = Registry("kernel", base=Kernel)
 
-def make_kernel(spec, **context) -> Kernel:
+#: the sizes of a layer that :func:`make_kernel` passes on to the kernels whose constructor names them
+KERNEL_CONTEXT = ("n_heads", "d_head")
+
+
+def make_kernel(spec, **kwargs) -> Kernel:
     """A kernel from a name, ``"name:key=value"``, a mapping, or a :class:`Kernel` instance.
 
-    ``context`` (``n_heads``, ``d_head``, ...) reaches kernels whose constructor names it, e.g. the
-    implicit kernels that hold per-head spectral parameters."""
+    ``kwargs`` are the kernel's parameters (``make_kernel("rbf", scale=0.3)`` is ``make_kernel("rbf:scale=0.3")``)
+    and the layer's sizes, ``n_heads`` and ``d_head``, which reach the kernels whose constructor names them (the
+    implicit kernels hold per-head spectral parameters)."""
+    if isinstance(spec, Kernel):
+        return spec
+    spec, context = KERNELS.with_params(spec, kwargs, KERNEL_CONTEXT)
     return KERNELS.create(spec, **context)

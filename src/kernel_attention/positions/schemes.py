@@ -302,10 +302,12 @@ def _tail_rows(pos_q: Tensor, pos_k: Tensor) -> int | None:
 
 
 def make_position(spec, *, d_model: int, n_heads: int, d_head: int, axes: int = 1,
-                  value_position: str = "none") -> PositionScheme:
-    """A positional scheme from its spec, sized for one attention layer."""
+                  value_position: str = "none", **params) -> PositionScheme:
+    """A positional scheme from its spec, sized for one attention layer; ``params`` are the scheme's
+    parameters (``make_position("shaw", clip=3, ...)`` is ``make_position("shaw:clip=3", ...)``)."""
     if isinstance(spec, PositionScheme):
         return spec
+    spec = POSITIONS.with_params(spec, params)[0]
     extra = dict(d_model=d_model, n_heads=n_heads, d_head=d_head, axes=axes)
     name, _ = POSITIONS.validate(spec)
     if name == "shaw":
