@@ -69,6 +69,11 @@ def test_translation_run_travels_without_its_data(tmp_path, capsys):
     plain = capsys.readouterr().out.splitlines()
     assert len(raw) == len(plain) == 2 and plain == [detokenize(r, "fr") for r in raw]
     assert "&apos;" in " ".join(raw) and "&apos;" not in " ".join(plain) and "c'est" in " ".join(plain)
+    src.write_text("it is the cat\n\n  \nit is a man\n")    # a blank line is translated as an empty one
+    assert main(["translate", str(moved), "--input", str(src)]) == 0
+    assert capsys.readouterr().out.splitlines() == [raw[0], "", "", raw[1]]
+    assert main(["translate", str(moved), "--input", str(tmp_path)]) == 2
+    assert f"--input {tmp_path} is a folder" in capsys.readouterr().err
 
 
 def test_old_run_falls_back_to_the_training_data(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 For a ``translation`` run the lines are source sentences (BPE is applied, then removed from the output);
 for a ``synthetic`` run they are whitespace-separated symbol ids (>= 3).  Output: one line per input on
-stdout.  Decoding options come from the stored ``eval`` section; override with ``--beam``.  The BPE and
+stdout (an empty line for an empty one).  Decoding options come from the stored ``eval`` section; override with ``--beam``.  The BPE and
 vocabularies come from the run directory, so the training data is not needed.  ``--detokenize`` writes
 plain text: Moses escapes such as ``&apos;`` undone, punctuation and clitics attached
 (:func:`kernel_attention.data.bpe.detokenize`).
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kernel_attention.cli.counts import at_least
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("translate", help="translate lines of a file (or stdin) with a trained model",
+    p = sub.add_parser("translate", help="translate the lines of --input FILE (- for stdin) with a trained model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("--input", required=True, help="file with one sentence per line, or - for stdin")
@@ -51,6 +52,10 @@ def run(args) -> int:
     from kernel_attention.data.files import DataFormatError, read_lines, split_lines
 
     args.overrides = [f"eval.beam={args.beam}"] if args.beam is not None else []
+    if args.input != "-" and Path(args.input).is_dir():
+        print(f"kernel-attention: --input {args.input} is a folder: give a file with one sentence per line, or - "
+              f"for stdin", file=sys.stderr)
+        return 2
     try:
         lines = (split_lines(sys.stdin.buffer.read(), "<stdin>") if args.input == "-"
                  else read_lines(args.input)[1])

@@ -180,17 +180,18 @@ class TranslationTask(Task):
 
     def translate_lines(self, model: nn.Module, lines: list[str]) -> list[str]:
         """Source sentences (tokenised as the training data was, :meth:`_as_trained`) -> tokenised
-        translations (BPE applied and removed)."""
+        translations (BPE applied and removed); an empty (or blank) line gives an empty one."""
         from kernel_attention.data.bpe import remove_bpe
         d = self.prepared
-        lines = self._as_trained(lines)
-        ids = [d.src_vocab.encode(d.src_bpe.encode(line).split(), eos=True) for line in lines]
-        out: list[str] = []
+        words = [line.split() for line in self._as_trained(lines)]
+        todo = [i for i, w in enumerate(words) if w]
+        ids = [d.src_vocab.encode(d.src_bpe.encode(" ".join(words[i])).split(), eos=True) for i in todo]
+        out = [""] * len(lines)
         bs = int(self.eval_opts["batch_size"])
         for i in range(0, len(ids), bs):
             src = nn.utils.rnn.pad_sequence(ids[i:i + bs], batch_first=True, padding_value=d.src_vocab.pad_id)
-            for hyp in self.translate_ids(model, src):
-                out.append(remove_bpe(" ".join(d.tgt_vocab.decode(hyp))))
+            for j, hyp in zip(todo[i:i + bs], self.translate_ids(model, src)):
+                out[j] = remove_bpe(" ".join(d.tgt_vocab.decode(hyp)))
         return out
 
     def evaluate(self, model, split):
