@@ -136,7 +136,9 @@ def test_a_resume_with_another_config_names_the_keys_and_needs_a_flag(trained, c
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr"] == 0.01   # left as it was
     assert main(["train", cfg, "train.lr=0.5", "train.max_steps=3", "--run-dir", str(run_dir),
                  "--allow-config-change"]) == 0
-    assert json.loads(capsys.readouterr().out.rsplit("run directory", 1)[0])["step"] == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out.rsplit("run directory", 1)[0])["step"] == 3
+    assert f"resuming {run_dir} at step 2 from last.pt" in err
     assert "--allow-config-change" in _help(["train"], capsys)
 
 

@@ -63,6 +63,7 @@ import contextlib
 import itertools
 import math
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -342,6 +343,8 @@ class Trainer:
             self.metrics.truncate(self.step, finals=False)
         stop_after = c.stop_after if c.stop_after is not None else (
             int(os.environ["KA_STOP_AFTER"]) if os.environ.get("KA_STOP_AFTER") else None)
+        if self.resumed_from and self.is_main:
+            print(f"resuming {self.run_dir} at step {self.step} from last.pt", file=sys.stderr, flush=True)
         self.metrics.open()
         bar, lines = progress_display(self.config.progress, self.planned_steps, self.step, self.is_main,
                                       getattr(self.task, "throughput_unit", "tokens"))
