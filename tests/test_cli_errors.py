@@ -155,7 +155,7 @@ def test_a_resume_that_writes_out_a_default_is_the_same_run(trained, capsys):
     assert f"train.weight_decay: {wd!r} -> 0.5" in one_line(capsys.readouterr().err)
 
 
-def test_an_attention_spec_written_another_way_is_the_same_run():
+def test_a_spec_written_another_way_or_data_moved_elsewhere_is_the_same_run():
     from kernel_attention.tasks.resume_check import changed_keys
 
     def lm(**attention):
@@ -163,6 +163,10 @@ def test_an_attention_spec_written_another_way_is_the_same_run():
 
     same = lm(kernel={"name": "poly", "degree": 2}, position={"name": "xl"}, filter="causal & local:window=4")
     assert changed_keys(lm(kernel="poly", position="xl", filter="causal&local:window=4"), same) == []
+    moved = {"task": {"name": "lm"}, "data": {"dataset": {"name": "text", "path": "/elsewhere/corpus"}}}
+    assert changed_keys({"task": {"name": "lm"}, "data": {"dataset": "text:path=corpus"}}, moved) == []
+    assert changed_keys({"task": {"name": "lm"}, "data": {"dataset": "text:path=corpus,min_freq=2"}}, moved) == [
+        ("data.dataset.min_freq", "2", None)]
     assert changed_keys(lm(kernel="poly"), lm(kernel="poly:degree=3", position="none")) == [
         ("model.attention.kernel.degree", 2, 3), ("model.attention.position.name", None, "none")]
 

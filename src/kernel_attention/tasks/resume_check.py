@@ -7,7 +7,8 @@ So a resume compares the two configs key by key and refuses, naming every change
 new value, unless ``--allow-config-change`` says the change is meant (say, more ``train.max_steps``).
 
 Keys that change how a run is watched or where it reads from, not what it computes, may always change:
-:data:`FREE_KEYS` (progress output, checkpoint frequency, logging frequency, the data root, the run folder).
+:data:`FREE_KEYS` (progress output, checkpoint frequency, logging frequency, the run folder, and where the data
+is read from: the data root, or the ``path=`` of your own files, which move with a run to another machine).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["FREE_KEYS", "ConfigChangeError", "changed_keys", "check_resume_confi
 #: dotted keys (and prefixes ending in ".") that a resumed run may change without being another run
 FREE_KEYS = ("run.", "train.progress", "train.tensorboard", "train.checkpoint_minutes", "train.checkpoint_every",
              "train.log_every", "train.stop_after", "train.device", "train.compile", "train.keep_last",
-             "data.root", "data.dataset.root")
+             "data.root", "data.dataset.root", "data.dataset.path")
 
 
 class ConfigChangeError(ConfigError):
@@ -98,6 +99,14 @@ def _filled(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["model"] = {"name": name, **params}
     except (ValueError, TypeError, AttributeError, FileNotFoundError):
         pass
+    data = out.get("data")
+    if isinstance(data, Mapping) and isinstance(data.get("dataset"), (str, Mapping)):
+        from kernel_attention.registry import SpecError, parse_spec
+        try:  # "text:path=corpus" and {name: text, path: corpus} are one spec, its path a key of its own
+            name, params = parse_spec(data["dataset"])
+            out["data"] = {**data, "dataset": {"name": name, **params}}
+        except SpecError:
+            pass
     if isinstance(out.get("model"), Mapping):
         out["model"] = {k: _one_form(v) if str(k).endswith("attention") else v for k, v in out["model"].items()}
     return out
