@@ -95,3 +95,9 @@ def test_the_factories_take_a_parts_parameters_as_keywords():
         ka.make_filter("local", size=2)
     with pytest.raises(ka.SpecError, match="go with one filter's name"):
         ka.make_filter("causal&local", window=2)
+
+
+@pytest.mark.parametrize("spec", ["rbf-only:lengthscale=inf", "exp:scale=nan", "rbf:scale=-inf"])
+def test_a_number_that_is_not_finite_is_refused(spec):
+    with pytest.raises(ka.SpecError, match=r"must be a finite number"):
+        ka.make_kernel(spec, n_heads=2, d_head=4)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import textwrap
 from typing import Any, Callable, Iterable, Mapping
 
@@ -79,6 +80,8 @@ class Param:
             value = float(value)
         if not isinstance(value, types):
             raise SpecError(f"{where}: parameter {self.describe()} got {value!r} of type {type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):  # no part has a use for inf or nan
+            raise SpecError(f"{where}: parameter {self.name}={value!r} must be a finite number")
         if self.choices is not None and value not in self.choices:
             raise SpecError(f"{where}: parameter {self.name}={value!r} is not one of {list(self.choices)}")
         if self.check is not None and not self.check(value):
