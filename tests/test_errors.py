@@ -226,6 +226,8 @@ def test_amortised_implicit_kernel_refuses_a_filter_it_would_leak_through():
         with pytest.raises(ka.SpecError, match="amortized=false"):
             ka.KernelAttention(8, 2, kernel=kernel, filter="causal")
     ka.KernelAttention(8, 2, kernel="ikan:amortized=false", filter="causal")
+    with pytest.raises(ka.SpecError, match=r"would see keys the filter hides; use 'ikan:amortized=false'"):
+        ka.KernelAttention(8, 2, kernel="ikan", filter="local:window=1")   # hidden keys, not future ones
     with pytest.raises(ka.SpecError, match=r"amortized=.*one of \[True, False, 'keys'\]"):
         ka.KernelAttention(8, 2, kernel="ikan:amortized=queries")
     ka.KernelAttention(8, 2, kernel="ikan", filter="padding")

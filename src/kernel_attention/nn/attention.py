@@ -103,8 +103,9 @@ class KernelAttention(nn.Module):
         if getattr(self.kernel, "pools_over_positions", False) and hides_keys(self.filter):
             raise SpecError(
                 f"kernel {self.kernel.name!r} infers its spectral density from q and k pooled over every "
-                f"position, so under filter {self.filter!r} a query would see keys the filter hides "
-                f"(future tokens); use '{self.kernel.name}:amortized=false' or a filter that keeps all keys")
+                f"position, so under filter {self.filter!r} a query would see keys the filter hides"
+                f"{' (future tokens)' if self.filter.kind == 'causal' else ''}; use "
+                f"'{self.kernel.name}:amortized=false' or a filter that keeps all keys")
         self.position = make_position(position, d_model=d_model, n_heads=n_heads, d_head=d_head, axes=axes,
                                       value_position=value_position)
         if value_position == "relative" and not self.position.relative_value:
