@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["replacing", "write_text"]
+__all__ = ["replacing", "write_text", "remove_orphans"]
 
 
 @contextlib.contextmanager
@@ -41,3 +41,26 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with replacing(path) as tmp:
         tmp.write_text(text)
     return path
+
+
+def remove_orphans(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files in ``folder`` left by processes killed while they wrote (``<name>.<pid>.tmp``
+    of a process id no process here has any more); returns them.  One of a living process is its write in
+    progress, and stays."""
+    removed = []
+    for tmp in Path(folder).glob("*.*.tmp"):
+        pid = tmp.name[:-4].rsplit(".", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -72,6 +72,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from kernel_attention.atomic_write import remove_orphans
 from kernel_attention.config import ConfigError
 from kernel_attention.training import distributed as D
 from kernel_attention.training.averaging import drop_snapshots_after, keep_snapshot
@@ -142,6 +143,8 @@ class Trainer:
         # the updates since the last train record: the sums of their logs, their count and their tokens (a
         # checkpoint between two records keeps them, so that the next record averages the same updates)
         self._window: tuple[dict, int, int] = ({}, 0, 0)
+        if self.is_main and self.run_dir.is_dir():
+            remove_orphans(self.run_dir)  # the half-written checkpoint of a process killed while it saved
         if resume and (self.run_dir / "last.pt").is_file():
             ck = load_checkpoint(self.run_dir / "last.pt", map_location=self.device)
             if resume_check is not None:
