@@ -89,6 +89,22 @@ def test_train_and_generate_lm(tmp_path, capsys):
     assert "--prompt is not valid UTF-8" in capsys.readouterr().err
 
 
+def test_a_warning_reads_as_one_line_of_the_cli(monkeypatch):
+    import warnings
+
+    import kernel_attention.cli.generate as generate
+    shown = {}
+
+    def run(args):
+        shown["text"] = warnings.formatwarning("precision 'fp16' needs CUDA", UserWarning, "loop.py", 3)
+        return 0
+
+    monkeypatch.setattr(generate, "run", run)
+    assert main(["generate", "RUN", "--prompt", "the"]) == 0
+    assert shown["text"] == "kernel-attention: warning: precision 'fp16' needs CUDA\n"
+    assert "loop.py" in warnings.formatwarning("x", UserWarning, "loop.py", 3)   # Python's own again afterwards
+
+
 def test_generate_prints_line_ends_as_new_lines():
     from kernel_attention.cli.generate import as_text
 
@@ -204,7 +220,8 @@ def test_an_interrupted_train_says_so_without_a_traceback_and_the_same_command_r
     monkeypatch.setattr(Trainer, "_update", interrupted)
     assert main(args) == 130
     err = capsys.readouterr().err
-    assert "kernel-attention train: interrupted (the same command resumes from the last checkpoint)" in err
+    assert ("kernel-attention train: interrupted (the same command runs it again, from its last checkpoint if one "
+            "was written)") in err
     assert "Traceback" not in err
     made = []
 

@@ -16,6 +16,7 @@ import importlib
 import os
 import signal
 import sys
+import warnings
 
 from kernel_attention.cli.threads import add_threads_option, apply_threads
 
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    return f"kernel-attention: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     from kernel_attention.malloc import configure
 
@@ -68,15 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         args._parser.error(f"unrecognized arguments: {' '.join(rest)}")
     apply_threads(args)
+    shown, warnings.formatwarning = warnings.formatwarning, _one_line  # read as the CLI's other messages
     configure()  # per-block CPU tensors from the heap (kernel_attention.malloc says which and why)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGINT / SIGTERM from a scheduler: a message, not a traceback
         how = f": {e}" if str(e) else ""  # the trainer says where it stopped (kernel_attention.training.interrupt)
-        again = " (the same command resumes from the last checkpoint)" if args.command in RESUMABLE else ""
+        again = "" if args.command not in RESUMABLE else (
+            " (the same command resumes from the last checkpoint)" if how else
+            " (the same command runs it again, from its last checkpoint if one was written)")
         if os.environ.get("RANK", "0") == "0":  # under torchrun the signal reaches every rank: one line
             print(f"kernel-attention {args.command}: interrupted{how}{again}", file=sys.stderr)
         return 128 + getattr(e, "signum", signal.SIGINT)  # as the shell reports a process that signal ends
+    finally:
+        warnings.formatwarning = shown
 
 
 if __name__ == "__main__":  # pragma: no cover
