@@ -39,7 +39,7 @@ __all__ = ["SECTIONS", "RUN_KEYS", "ConfigError", "load_config", "apply_override
 
 SECTIONS = ("run", "seed", "task", "data", "model", "train", "eval")
 #: the keys of the ``run`` section
-RUN_KEYS = ("name", "dir")
+RUN_KEYS = ("name", "dir", "imports")
 
 
 class ConfigError(ValueError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 import textwrap
 from typing import Any, Callable, Iterable, Mapping
 
@@ -118,6 +119,17 @@ class Entry:
         return f"{self.name}(" + ", ".join(p.describe() for p in self.params) + ")"
 
 
+def _where(factory: Callable) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+
+
+def _origin(factory: Callable) -> tuple[str, str]:
+    """The file and qualified name of a class or function: one file imported under two module names (by its
+    path and by its name) defines the same class."""
+    module = getattr(factory, "__module__", "?")
+    return getattr(sys.modules.get(module), "__file__", None) or module, getattr(factory, "__qualname__", "")
+
+
 def _accepted(factory: Callable, context: dict) -> dict:
     """The subset of ``context`` that ``factory`` accepts by name (all of it for ``**kwargs``)."""
     if not context:
@@ -180,8 +192,10 @@ class Registry:
         """Decorator: ``@KERNELS.register("rbf", [Param("scale", float, None, optional=True)])``."""
 
         def wrap(factory: Callable) -> Callable:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            old = self._entries.get(name)
+            if old is not None and _origin(old.factory) != _origin(factory):  # the same class again: a re-import
+                raise ValueError(f"{self.kind} {name!r} is registered twice ({_where(old.factory)} and "
+                                 f"{_where(factory)})")
             text = doc or _summary(factory.__doc__)
             self._entries[name] = Entry(name, factory, tuple(params), text)
             return factory

@@ -72,5 +72,7 @@ def describe_config_keys() -> str:
     lines.append(_wrap("tasks classification, regression, node_classification: no eval keys"))
     for k, v in DATA_KEYS.items():
         lines.append(_wrap(f"data.{k}: {v}"))
-    lines.append(_wrap("seed: the run's seed (train.seed defaults to it); run.name, run.dir: where outputs go"))
+    lines.append(_wrap("seed: the run's seed (train.seed defaults to it); run.name, run.dir: where outputs go; "
+                       "run.imports: modules (names or .py files) that register kernels, positions or filters of "
+                       "your own"))
     return "\n".join(lines)

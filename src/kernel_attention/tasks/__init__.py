@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from kernel_attention.extensions import import_extensions
 from kernel_attention.registry import Param, Registry, SpecError
 from kernel_attention.tasks.classification import ClassificationTask
 from kernel_attention.tasks.data_source import check_data_section
@@ -66,6 +67,7 @@ TASKS.register("node_classification", [], doc="Planetoid node classification wit
 
 def build_task(config: Mapping[str, Any]) -> Task:
     """The task a config describes (sections ``task``, ``model``, ``data``, ``eval``, ``seed``)."""
+    import_extensions((config.get("run") or {}).get("imports"))  # the parts of the user's that the config names
     if "task" not in config or config["task"] is None:
         raise SpecError(f"the config has no 'task' section; accepted task names: {', '.join(TASKS.names())}")
     check_data_section(config.get("data"))  # every task, also those that read no data: no key is ignored
