@@ -46,7 +46,7 @@ def _default_scale(scale: float | None, d: int) -> float:
 
 
 _scale = Param("scale", float, None, optional=True, doc="multiplier of the exponent",
-               check=lambda x: 0 < x < float("inf"), rule="finite and > 0; default 1/sqrt(d)")
+               check=lambda x: x > 0, rule="> 0; default 1/sqrt(d)")
 
 
 class _ScaledKernel(Kernel):
