@@ -1,7 +1,7 @@
 """Your own parts by name in configs: the modules a config names in ``run.imports``.
 
 A kernel, positional scheme or filter of your own is a class registered under a name
-(``@ka.KERNELS.register("cosine", [...])``, see docs/guides/kernels.md).  Python code that imports the module
+(``@ka.KERNELS.register("cosine", [...])``, see docs/guides/extending.md).  Python code that imports the module
 can use the name at once; a config names the module so that every command that reads the config (``train``,
 ``evaluate``, ``translate``, ``generate``, ``ka.load`` of a checkpoint, whose stored config keeps the key)
 imports it before it builds anything:

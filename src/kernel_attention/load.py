@@ -177,10 +177,11 @@ def export(run: str | Path, out: str | Path | None = None) -> Path:
     extra = ck.get("extra") or {}
     task, model, cfg = load_run(path)
     out = Path(out) if out is not None else path.parent / SAFETENSORS_NAME
+    files = {name: (path.parent / name).read_text(encoding="utf-8")
+             for name in artifact_files(extra.get("artifacts"), path.parent)}
     meta = {"format": _FORMAT, "config": json.dumps(extra.get("config") or cfg, default=str),
             "artifacts": json.dumps(extra.get("artifacts"), default=str), "step": str(ck.get("step")),
-            "source": path.name, "files": json.dumps({name: (path.parent / name).read_text(encoding="utf-8")
-                                                       for name in artifact_files(extra.get("artifacts"), path.parent)})}
+            "source": path.name, "files": json.dumps(files)}
     out.parent.mkdir(parents=True, exist_ok=True)
     copy_artifacts(extra.get("artifacts"), path.parent, out.parent)  # read beside the file when it is loaded
     with replacing(out) as tmp:

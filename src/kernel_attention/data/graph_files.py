@@ -13,8 +13,8 @@ suffix split on whitespace):
 * **features**: ``features.{csv,tsv,txt}`` (or ``features=NAME``), one row per node, numeric columns.
   ``id=NAME|INDEX`` names its node-id column (ids are any strings); without one, a first column headed
   ``id``, ``node`` or ``node_id`` is it, else node ``i`` is row ``i`` (0-based, the header not counted) and the
-  edge list holds those numbers.  ``ignore=a+b`` leaves
-  columns out; ``normalize_features=true`` divides each row by its sum (bag-of-words counts).
+  edge list holds those numbers.  ``ignore=a+b`` leaves columns out; ``normalize_features=true`` divides each
+  row by its sum (bag-of-words counts).
 * **labels**: the column ``label=NAME|INDEX`` (default ``label``) of ``labels.{csv,tsv,txt}`` (or
   ``labels=NAME``) when there is one, else of the features table.  A labels file is keyed by the ``id``
   column when ``id=`` is given (nodes without a row are unlabelled), else it has one row per node, in the

@@ -38,6 +38,7 @@ from .uci import RegressionData
 
 __all__ = ["load_table_classification", "load_table_regression", "read_table", "class_names"]
 
+
 def read_table(path: str | Path, sep: str, encoding: str = "utf-8") -> tuple[Path, list[list[str]]]:
     """The rows of a TSV (``sep="\\t"``, no quoting) or CSV (``sep=","``) file; empty lines are skipped, and a
     file with no row is an error."""

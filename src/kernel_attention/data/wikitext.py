@@ -110,8 +110,8 @@ def load_text_corpus(path: str | Path, valid: float = 0.1, test: float = 0.1, se
     """A word-level corpus of the user's own plain text (one sentence or document per line, words split on
     whitespace, ``<eos>`` after each line; the WikiText recipe).
 
-    ``path`` is a folder holding ``train.txt``, ``valid.txt`` (or ``val.txt``, ``dev.txt``) and ``test.txt`` (each
-    possibly ``.gz``), or one file whose lines are shuffled with ``seed`` and cut into
+    ``path`` is a folder holding ``train.txt``, ``valid.txt`` (or ``val.txt``, ``dev.txt``) and ``test.txt``
+    (each possibly ``.gz``), or one file whose lines are shuffled with ``seed`` and cut into
     ``valid`` / ``test`` fractions (at least one line each) and the rest for training.  The vocabulary is
     the training split's words seen ``min_freq`` times or more; other words become ``<unk>``."""
     p = Path(path).expanduser()
