@@ -3,8 +3,8 @@
 For a ``translation`` run the lines are source sentences (BPE is applied, then removed from the output);
 for a ``synthetic`` run they are whitespace-separated symbol ids (>= 3).  Output: one line per input on
 stdout (an empty line for an empty one).  Decoding options come from the stored ``eval`` section; override
-with ``--beam``.  The BPE and vocabularies come from the run directory, so the training data is not needed.  ``--detokenize`` writes
-plain text: Moses escapes such as ``&apos;`` undone, punctuation and clitics attached
+with ``--beam``.  The BPE and vocabularies come from the run directory, so the training data is not needed.
+``--detokenize`` writes plain text: Moses escapes such as ``&apos;`` undone, punctuation and clitics attached
 (:func:`kernel_attention.data.bpe.detokenize`).
 """
 
