@@ -54,6 +54,16 @@ def test_decoder_filter_stays_causal_when_user_asks_full():
     assert torch.equal(m, make_filter("causal").mask(4, 4) & make_filter("local:window=1").mask(4, 4))
 
 
+@pytest.mark.parametrize("spec", ["full|causal", "causal|local:window=1", "memory|full", "causal|strided:stride=2",
+                                  "causal&local:window=2", "memory"])
+def test_a_decoder_filter_that_names_causal_keeps_no_future_key(spec):
+    """A union with causal keeps future keys; the decoder's filter is the user's within causal all the same."""
+    for tq, tk in ((4, 4), (3, 6)):
+        m = tiny(decoder_attention={"filter": spec}).decoder[0].self_attn.filter.mask(tq, tk)
+        causal = make_filter("causal").mask(tq, tk)
+        assert torch.equal(m, make_filter(spec).mask(tq, tk) & causal)
+
+
 def test_attention_maps_and_places():
     model = tiny(**TD_TABLE3)
     assert model.encoder[0].self_attn.position.name == "product"

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from kernel_attention.nn.attention import ATTENTION_KEYS, KernelAttention, attention_options
 from kernel_attention.positions.encodings import sinusoid
-from kernel_attention.filters import make_filter
+from kernel_attention.filters import And, Filter, Memory, Or, make_filter
 from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
 from kernel_attention.registry import SpecError
@@ -67,12 +67,24 @@ def with_position_param(cfg: dict[str, Any], name: str, key: str, value: Any) ->
 
 
 def causal_filter(spec: Any) -> Any:
-    """A decoder self-attention filter: the user's filter intersected with causal (never leaks the future)."""
+    """A decoder self-attention filter: the user's filter intersected with causal (never leaks the future); a
+    filter that keeps no future key already (``causal``, ``memory``, ``causal&local:window=4``) as it is."""
     if spec is None or spec == "full":
         return "causal"
-    if isinstance(spec, str) and ("causal" in spec or "memory" in spec):
-        return spec
-    return make_filter("causal") & make_filter(spec)
+    user = make_filter(spec)
+    return spec if within_causal(user) else make_filter("causal") & user
+
+
+def within_causal(f: Filter) -> bool:
+    """Whether filter ``f`` keeps no key after a query's own position, read off its structure: a causal
+    filter, a memory one, an intersection with such a filter, a union of such filters."""
+    if f.kind == "causal" or isinstance(f, Memory):
+        return True
+    if isinstance(f, And):
+        return within_causal(f.a) or within_causal(f.b)
+    if isinstance(f, Or):
+        return within_causal(f.a) and within_causal(f.b)
+    return False
 
 
 class KernelRegularized:
