@@ -93,3 +93,14 @@ def test_errors():
         SYNTHETIC.create("copy:length=1,vocab=5,n_train=5,n_valid=1,n_test=1")
     with pytest.raises(ValueError, match="min_length=5 > length=3"):
         SYNTHETIC.create("copy:length=3,min_length=5")
+
+
+def test_every_rank_gets_as_many_training_batches():
+    """125 batches over 2 ranks: 62 each (the 125th goes), so that the ranks leave each epoch at the same step."""
+    from kernel_attention.tasks.synthetic import SyntheticSeq2SeqTask
+
+    task = SyntheticSeq2SeqTask(kind="copy", vocab=10, min_len=4, max_len=8, batch_size=16, train_size=2000,
+                                valid_size=8, test_size=8)
+    counts = [sum(1 for _ in task.train_batches(0, rank, 2)) for rank in (0, 1)]
+    assert counts == [62, 62] == [task.num_batches(0, rank, 2) for rank in (0, 1)]
+    assert sum(1 for _ in task.train_batches(0, 0, 1)) == task.num_batches(0, 0, 1) == 125

@@ -73,7 +73,9 @@ class SyntheticData:
                 rank: int = 0, world_size: int = 1, drop_last: bool = False) -> Iterator[Example]:
         """Padded ``(src (B, S), tgt (B, T))`` batches.  The order is a permutation drawn from
         ``(seed, epoch)`` when ``shuffle`` (deterministic, as :class:`~kernel_attention.training.Task`
-        needs); rank ``r`` of ``world_size`` gets batches ``r, r + world_size, ...``."""
+        needs); rank ``r`` of ``world_size`` gets batches ``r, r + world_size, ...``, with ``drop_last`` every
+        rank as many (the last ``n % world_size`` batches go too: ranks that end an epoch at different steps
+        would disagree on where a resumed run is)."""
         data = self[split]
         order = np.arange(len(data))
         if shuffle:
@@ -81,6 +83,7 @@ class SyntheticData:
         starts = range(0, len(data), batch_size)
         if drop_last:
             starts = range(0, len(data) - batch_size + 1, batch_size)
+            starts = starts[:len(starts) - len(starts) % world_size]
         for i, start in enumerate(starts):
             if i % world_size != rank:
                 continue

@@ -90,7 +90,8 @@ class SyntheticSeq2SeqTask(Task):
         return model
 
     def num_batches(self, epoch, rank=0, world_size=1):
-        return len(range(rank, self.train_size // self.batch_size, world_size))
+        n = self.train_size // self.batch_size
+        return len(range(rank, n - n % world_size, world_size))
 
     def train_batches(self, epoch, rank=0, world_size=1):
         for src, tgt in self.data.batches("train", self.batch_size, shuffle=True, seed=self.seed, epoch=epoch,

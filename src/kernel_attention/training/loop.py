@@ -327,6 +327,12 @@ class Trainer:
         c = self.config
         total = c.max_steps
         nb = self.task.num_batches(0, self.info.rank, self.info.world_size)
+        if nb is not None and self.info.world_size > 1:  # ranks that end an epoch at different steps drift apart
+            counts = D.all_gather_object(nb)
+            if len(set(counts)) > 1:
+                raise ConfigError(f"the ranks get {counts} training batches per epoch: a task must give every rank "
+                                  f"as many (drop the last len % world_size), or the ranks leave an epoch at "
+                                  f"different steps and a resumed run reads other data")
         if c.max_epochs is not None and nb is not None:
             by_epochs = c.max_epochs * math.ceil(nb / c.accum_steps)
             total = min(total, by_epochs) if total is not None else by_epochs
