@@ -94,3 +94,60 @@ def test_check_names_a_part_of_your_own_as_not_checked(cosine_module, capsys):
     assert main(["check"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("kernel    test-cosine"))
     assert "a part of your own (registered outside the library): no reference here" in row
+
+
+def test_mistakes_in_a_part_of_your_own_are_named():
+    """What a kernel, filter or registration of one's own gets wrong is named where it happens, not averaged in."""
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+
+    class OneBatchRow(ka.Kernel):
+        name = "one-batch-row"
+
+        def log_kernel(self, q, k):
+            return (q @ k.transpose(-1, -2))[0]          # (H, Tq, Tk): broadcast over the batch, silently wrong
+
+    class OneKey(ka.Kernel):
+        name = "one-key"
+
+        def log_kernel(self, q, k):
+            return (q @ k.transpose(-1, -2))[..., :1]    # (B, H, Tq, 1): uniform weights, silently wrong
+
+    for kernel, got in ((OneBatchRow(), r"\(2, 5, 5\)"), (OneKey(), r"\(2, 2, 5, 1\)")):
+        for backend in ("auto", "dense", "blockwise"):
+            with pytest.raises(ValueError, match=rf"kernel '{kernel.name}': log_kernel\(q, k\) gave {got}, not "
+                                                 r"\(B, H, Tq, Tk\) = \(2, 2, 5, 5\)"):
+                ka.attention(q, k, v, kernel=kernel, backend=backend)
+
+    class FloatMask(ka.Filter):
+        name = "float-mask"
+
+        def mask(self, tq, tk, device=None, key_mask=None):
+            return torch.ones(tq, tk).tril()
+
+    with pytest.raises(ValueError, match=r"filter float-mask: mask\(5, 5\) gave torch.float32 \(5, 5\), not a bool"):
+        ka.attention(q, k, v, mask=FloatMask())
+    with pytest.raises(TypeError, match=r"Param 'temperature': the type comes second.*got 0.1"):
+        ka.Param("temperature", 0.1)
+    with pytest.raises(TypeError, match="kernel 'not-a-kernel': Plain is no subclass of Kernel"):
+        ka.KERNELS.register("not-a-kernel")(type("Plain", (), {}))
+    ka.KERNELS.register("test-factory")(lambda: "a string")
+    try:
+        with pytest.raises(TypeError, match="kernel 'test-factory': its factory gave a str, not a Kernel"):
+            ka.make_kernel("test-factory")
+    finally:
+        ka.KERNELS._entries.pop("test-factory")
+
+
+def test_a_run_stores_its_py_imports_by_absolute_path(cosine_module, tmp_path_factory, monkeypatch, capsys):
+    (cosine_module / "run.yaml").write_text(yaml.safe_dump({"run": {"imports": ["my_kernels.py"]}, **CONFIG}))
+    assert main(["train", "run.yaml", "--run-dir", "run"]) == 0
+    stored = yaml.safe_load((cosine_module / "run" / "config.yaml").read_text())
+    assert stored["run"]["imports"] == [str(cosine_module / "my_kernels.py")]
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.chdir(elsewhere)
+    (elsewhere / "in.txt").write_text("3 4 5\n")
+    capsys.readouterr()
+    assert main(["translate", str(cosine_module / "run"), "--input", "in.txt", "eval.beam=1"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert main(["translate", str(cosine_module / "run"), "--input", "in.txt", "run.imports=gone.py"]) == 2
+    assert "run.imports: gone.py is no file" in capsys.readouterr().err

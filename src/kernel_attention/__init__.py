@@ -12,13 +12,13 @@ from kernel_attention.kernels import KERNELS, Kernel, make_kernel
 from kernel_attention.kernels.implicit import decompose, regularization, share_spectral
 from kernel_attention.load import load
 from kernel_attention.nn import GraphAttention, KernelAttention, TransformerBlock
-from kernel_attention.positions import POSITIONS, DifferenceIndex, make_position
+from kernel_attention.positions import POSITIONS, DifferenceIndex, PositionScheme, make_position
 from kernel_attention.registry import Param, Registry, SpecError
 from kernel_attention.smoother import PositionalTerms
 
 __version__ = "0.1.0"
 
 __all__ = ["attention", "KernelAttention", "TransformerBlock", "KERNELS", "POSITIONS", "FILTERS", "Kernel",
-           "Filter", "PositionalTerms", "DifferenceIndex", "make_kernel", "make_filter", "make_position", "Registry",
-           "Param", "SpecError", "validation", "explain", "choose_backend", "decompose", "regularization",
-           "share_spectral", "GraphAttention", "load", "__version__"]
+           "Filter", "PositionScheme", "PositionalTerms", "DifferenceIndex", "make_kernel", "make_filter",
+           "make_position", "Registry", "Param", "SpecError", "validation", "explain", "choose_backend", "decompose",
+           "regularization", "share_spectral", "GraphAttention", "load", "__version__"]

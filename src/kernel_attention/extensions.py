@@ -21,11 +21,11 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from kernel_attention.config import ConfigError
 
-__all__ = ["import_extensions"]
+__all__ = ["import_extensions", "with_resolved_imports"]
 
 
 def import_extensions(names: Any) -> list[str]:
@@ -38,6 +38,19 @@ def import_extensions(names: Any) -> list[str]:
     if not isinstance(items, (list, tuple)) or not all(isinstance(n, str) and n.strip() for n in items):
         raise ConfigError(f"run.imports must be a module name or a .py file, or a list of them, got {names!r}")
     return [_import(n.strip()) for n in items]
+
+
+def with_resolved_imports(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with each ``.py`` file of ``run.imports`` as an absolute path (what a run stores, so that its
+    checkpoints load from any working directory on this machine; elsewhere ``run.imports=...`` says where)."""
+    run = cfg.get("run") or {}
+    names = run.get("imports")
+    if names is None:
+        return dict(cfg)
+    items = [names] if isinstance(names, str) else list(names)
+    resolved = [str(Path(n).expanduser().resolve()) if isinstance(n, str) and n.strip().endswith(".py") else n
+                for n in items]
+    return {**cfg, "run": {**run, "imports": resolved}}
 
 
 def _import(name: str) -> str:

@@ -82,13 +82,23 @@ def _with_scale(kernel, scale: float | None):
 def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None) -> Tensor:
     """``filt.mask``, kept per (filter, Tq, Tk, device) when it is a function of those alone."""
     if key_mask is not None or not filt.by_spec or tq * tk > _MASK_ELEMENTS or torch.compiler.is_compiling():
-        return filt.mask(tq, tk, device, key_mask)
+        return _bool_mask(filt, filt.mask(tq, tk, device, key_mask), tq, tk)
     key = (filt.spec_key, tq, tk, str(device))
     keep = _MASKS.get(key)
     if keep is None:
         if len(_MASKS) >= _MASK_ENTRIES:
             _MASKS.pop(next(iter(_MASKS)))  # the oldest
-        keep = _MASKS[key] = filt.mask(tq, tk, device)
+        keep = _MASKS[key] = _bool_mask(filt, filt.mask(tq, tk, device), tq, tk)
+    return keep
+
+
+def _bool_mask(filt: Filter, keep, tq: int, tk: int) -> Tensor:
+    """``keep``, checked to be what :meth:`Filter.mask` promises (a filter of one's own may return a 0/1 float
+    mask, or a shape that is no (Tq, Tk) grid)."""
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool or keep.dim() < 2 or keep.shape[-2:] != (tq, tk):
+        got = f"{keep.dtype} {tuple(keep.shape)}" if isinstance(keep, Tensor) else type(keep).__name__
+        raise ValueError(f"filter {filt!r}: mask({tq}, {tk}) gave {got}, not a bool tensor of shape (..., {tq}, {tk}) "
+                         f"(True = the key takes part)")
     return keep
 
 

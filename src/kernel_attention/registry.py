@@ -51,6 +51,12 @@ class Param:
     rule: str = ""
     optional: bool = False
 
+    def __post_init__(self):
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if not types or not all(isinstance(t, type) for t in types):
+            raise TypeError(f"Param {self.name!r}: the type comes second, a type such as float or a tuple of types, "
+                            f"got {self.type!r} (Param(name, type, default))")
+
     @property
     def required(self) -> bool:
         return self.default is _MISSING
@@ -192,6 +198,8 @@ class Registry:
         """Decorator: ``@KERNELS.register("rbf", [Param("scale", float, None, optional=True)])``."""
 
         def wrap(factory: Callable) -> Callable:
+            if self.base is not None and isinstance(factory, type) and not issubclass(factory, self.base):
+                raise TypeError(f"{self.kind} {name!r}: {factory.__name__} is no subclass of {self.base.__name__}")
             old = self._entries.get(name)
             if old is not None and _origin(old.factory) != _origin(factory):  # the same class again: a re-import
                 raise ValueError(f"{self.kind} {name!r} is registered twice ({_where(old.factory)} and "
@@ -267,7 +275,11 @@ class Registry:
             return spec
         name, params = self.validate(spec)
         factory = self._entries[name].factory
-        return factory(**_accepted(factory, context), **params)
+        made = factory(**_accepted(factory, context), **params)
+        if self.base is not None and not isinstance(made, self.base):
+            raise TypeError(f"{self.kind} {name!r}: its factory gave a {type(made).__name__}, not a "
+                            f"{self.base.__name__}")
+        return made
 
     def describe(self) -> str:
         lines = [f"{self.kind}s:"]

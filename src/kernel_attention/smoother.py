@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.kernels import Kernel
+from kernel_attention.kernels.base import kernel_matrix
 
 __all__ = ["PositionalTerms", "dense_smoother", "normalise_direct", "guard", "DIRECT_EPS"]
 
@@ -166,7 +167,7 @@ def dense_smoother(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, keep: Tensor
     """
     log_t = terms.log_factor() if terms is not None and terms.has_logits else None
     if kernel.positive:
-        logits = kernel.log_kernel(q, k)
+        logits = kernel_matrix(kernel, q, k)
         if log_t is not None:
             logits = logits + log_t
         if keep is not None:
@@ -180,7 +181,7 @@ def dense_smoother(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel, keep: Tensor
         else:
             weights = torch.softmax(logits, dim=-1)
     else:
-        kk = kernel.kernel(q, k)
+        kk = kernel_matrix(kernel, q, k, log=False)
         if log_t is not None:
             # The product kernel k_F · k_T; the row maximum of log k_T cancels in the normalisation.
             if keep is not None:

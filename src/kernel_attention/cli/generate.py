@@ -14,6 +14,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="continue a prompt with a trained language model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
+    p.add_argument("overrides", nargs="*", help="section.key=value changes to the stored config (run.imports=...)")
     p.add_argument("--prompt", required=True, help="whitespace-tokenised words")
     p.add_argument("--max-new", type=at_least(1, "words to add"), default=20)
     p.add_argument("--temperature", type=at_least(0, "0: greedy", float), default=0.0, help="0: greedy; > 0: sampling")
@@ -26,7 +27,6 @@ def run(args) -> int:
     from kernel_attention.cli.evaluate import load
     from kernel_attention.tasks.language_modeling import LanguageModelingTask
 
-    args.overrides = []
     loaded = load(args)
     if loaded is None:
         return 2

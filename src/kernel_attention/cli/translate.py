@@ -21,6 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("translate", help="translate the lines of --input FILE (- for stdin) with a trained model",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
+    p.add_argument("overrides", nargs="*", help="section.key=value changes to the stored config (run.imports=...)")
     p.add_argument("--input", required=True, help="file with one sentence per line, or - for stdin")
     p.add_argument("--beam", type=at_least(1, "beam width"), default=None)
     p.add_argument("--detokenize", action="store_true",
@@ -51,7 +52,7 @@ def run(args) -> int:
 
     from kernel_attention.data.files import DataFormatError, read_lines, split_lines
 
-    args.overrides = [f"eval.beam={args.beam}"] if args.beam is not None else []
+    args.overrides = list(args.overrides or []) + ([f"eval.beam={args.beam}"] if args.beam is not None else [])
     if args.input != "-" and Path(args.input).is_dir():
         print(f"kernel-attention: --input {args.input} is a folder: give a file with one sentence per line, or - "
               f"for stdin", file=sys.stderr)

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from kernel_attention.registry import Registry
 
-__all__ = ["Kernel", "SDPAForm", "SquaredForm", "KERNELS", "make_kernel"]
+__all__ = ["Kernel", "SDPAForm", "SquaredForm", "KERNELS", "make_kernel", "kernel_matrix"]
 
 
 @dataclasses.dataclass
@@ -98,6 +98,19 @@ class Kernel(nn.Module):
 
 
 KERNELS = Registry("kernel", base=Kernel)
+
+
+def kernel_matrix(kernel: Kernel, q: Tensor, k: Tensor, log: bool = True) -> Tensor:
+    """``kernel.log_kernel(q, k)`` (``log``) or ``kernel.kernel(q, k)``, checked to be (B, H, Tq, Tk) for q
+    (B, H, Tq, D) and k (B, H, Tk, D): a kernel of one's own that returned a smaller, broadcastable shape (one
+    batch row for all, one key) would otherwise be averaged without a word."""
+    out = kernel.log_kernel(q, k) if log else kernel.kernel(q, k)
+    want = (*q.shape[:-1], k.shape[-2])
+    if not isinstance(out, Tensor) or tuple(out.shape) != want:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"kernel {kernel.name!r}: {'log_kernel' if log else 'kernel'}(q, k) gave {got}, not (B, H, "
+                         f"Tq, Tk) = {want} for q {tuple(q.shape)} and k {tuple(k.shape)}")
+    return out
 
 #: the sizes of a layer that :func:`make_kernel` passes on to the kernels whose constructor names them
 KERNEL_CONTEXT = ("n_heads", "d_head")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kernel_attention.kernels.base import Kernel, SDPAForm, SquaredForm
+from kernel_attention.kernels.base import Kernel, SDPAForm, SquaredForm, kernel_matrix
 
 __all__ = ["SDPAFeatures", "FeatureMap", "SquaredFeatures", "BlockState", "PoolsKeys", "sdpa_layout", "sdpa_form",
            "feature_map", "has_squared_form", "block_log_kernel", "pools_keys"]
@@ -126,6 +126,6 @@ def block_log_kernel(kernel: Kernel, q: Tensor, k: Tensor):
 
 def _per_pair(kernel: Kernel):
     def f(r, c, q, k):
-        return kernel.log_kernel(q[..., r, :], k[..., c, :])
+        return kernel_matrix(kernel, q[..., r, :], k[..., c, :])
     f.sliced_args = []
     return [], f

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from kernel_attention.config import ConfigError, dump_config, validate_sections
+from kernel_attention.extensions import with_resolved_imports
 from kernel_attention.data.files import MissingDataError
 from kernel_attention.tasks import TASKS, build_task
 from kernel_attention.tasks.resume_check import check_resume_config
@@ -85,6 +86,7 @@ def train(cfg: Mapping[str, Any], run_dir: str | Path, resume: bool = True,
     (:class:`~kernel_attention.training.checkpoint.CheckpointError`).  ``config.yaml`` is written only once
     the resume is accepted, so a refused command leaves the run directory as it was."""
     task, train_cfg = prepare(cfg)
+    cfg = with_resolved_imports(cfg)  # the stored config finds its modules from any working directory
     run_dir = Path(run_dir)
 
     def check(ck: dict[str, Any]) -> None:
