@@ -144,3 +144,12 @@ def test_bad_inputs_fail_clearly():
         layer(torch.randn(3, 4), torch.tensor([[0], [1]]))
     with pytest.raises(ValueError, match="positive similarity x magnitude"):
         GraphAttention(5, 4, kernel="linear-magnitude")
+
+
+def test_the_node_classifiers_kernel_is_a_spec_string_or_mapping():
+    from kernel_attention.models import MODELS
+
+    for spec in ("ikan-direct:p=3", {"name": "ikan-direct", "p": 3}):
+        model = MODELS.create({"name": "node_classifier", "kernel": spec}, in_features=5, n_classes=3)
+        kernels = [m.kernel for m in model.modules() if isinstance(m, GraphAttention)]
+        assert len(kernels) == 2 and all(k.name == "ikan-direct" and k.p == 3 for k in kernels)

@@ -113,6 +113,7 @@ from kernel_attention.models.node_classifier import NodeClassifier  # noqa: E402
 __all__.append("NodeClassifier")
 MODELS.register("node_classifier", [
     Param("hidden", int, 8, **_pos), Param("heads", int, 8, **_pos), Param("out_heads", int, 1, **_pos),
-    Param("dropout", float, 0.6, **_prob), Param("kernel", str, "gat", doc="'gat' or a positive implicit kernel"),
+    Param("dropout", float, 0.6, **_prob),
+    Param("kernel", (str, dict), "gat", doc="'gat', 'gat-kernel' or a positive implicit kernel (a spec)"),
     Param("negative_slope", float, 0.2),
 ], doc="two-layer GAT node classifier (8 heads x 8 hidden, ELU, dropout 0.6)")(NodeClassifier)
