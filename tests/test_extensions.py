@@ -151,3 +151,32 @@ def test_a_run_stores_its_py_imports_by_absolute_path(cosine_module, tmp_path_fa
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert main(["translate", str(cosine_module / "run"), "--input", "in.txt", "run.imports=gone.py"]) == 2
     assert "run.imports: gone.py is no file" in capsys.readouterr().err
+
+
+def test_a_positional_scheme_of_your_own_adds_its_log_factor_and_a_wrong_return_is_named():
+    class Alibi(ka.PositionScheme):
+        """-|t_q - t_k| / 4 added to log k (ALiBi with one slope)."""
+
+        name = "test-alibi"
+
+        def terms(self, q, k, pos_q, pos_k, offset=None):
+            dist = (pos_q[..., :, None, 0] - pos_k[..., None, :, 0]).abs().to(q.dtype)   # (Bp, Tq, Tk)
+            return ka.PositionalTerms(bias=-dist[:, None] / 4)
+
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(8, 2, position=Alibi(8, 2, 4)).double()
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    q, k, v, _ = layer.project(x, x, *[ka.positions.encodings.as_positions(torch.arange(5), 1)] * 2)
+    t = torch.arange(5.0, dtype=torch.float64)
+    logits = q @ k.transpose(-1, -2) / 2.0 - (t[:, None] - t[None, :]).abs() / 4
+    want = layer.out_proj((torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(1, 5, 8))
+    torch.testing.assert_close(layer(x), want)      # exp kernel, 1/sqrt(d) = 1/2, plus the ALiBi factor
+
+    class Wrong(ka.PositionScheme):
+        name = "test-wrong"
+
+        def terms(self, q, k, pos_q, pos_k, offset=None):
+            return torch.zeros(q.shape[-2], k.shape[-2])
+
+    with pytest.raises(TypeError, match=r"position 'test-wrong': terms\(\) gave a Tensor; it returns a PositionalTerms"):
+        ka.KernelAttention(8, 2, position=Wrong(8, 2, 4))(x.float())

@@ -32,6 +32,7 @@ from kernel_attention.kernels import make_kernel
 from kernel_attention.nn.arguments import check_rate, check_sizes, flag
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position
 from kernel_attention.registry import Param, SpecError
+from kernel_attention.smoother import PositionalTerms
 
 __all__ = ["KernelAttention", "VALUE_POSITIONS", "ATTENTION_KEYS", "attention_options"]
 
@@ -141,7 +142,11 @@ class KernelAttention(nn.Module):
         q, k = self._heads(self.q_proj(fq)), self._heads(self.k_proj(fk))
         fv = key + self.value_encoding(pos_k, key.dtype) if self.value_position == "absolute" else key
         v = self._heads(self.v_proj(fv))
-        return q, k, v, self.position.terms(q, k, pos_q, pos_k, offset)
+        terms = self.position.terms(q, k, pos_q, pos_k, offset)
+        if terms is not None and not isinstance(terms, PositionalTerms):  # a scheme of one's own
+            raise TypeError(f"position {self.position.name!r}: terms() gave a {type(terms).__name__}; it returns a "
+                            f"PositionalTerms (say PositionalTerms(bias=log k_T), (..., Tq, Tk)) or None")
+        return q, k, v, terms
 
     def forward(self, query: Tensor, key: Tensor | None = None, *, pos_q: Tensor | None = None,
                 pos_k: Tensor | None = None, query_offset: int | None = None, memory: Tensor | None = None,
