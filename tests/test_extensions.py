@@ -178,5 +178,5 @@ def test_a_positional_scheme_of_your_own_adds_its_log_factor_and_a_wrong_return_
         def terms(self, q, k, pos_q, pos_k, offset=None):
             return torch.zeros(q.shape[-2], k.shape[-2])
 
-    with pytest.raises(TypeError, match=r"position 'test-wrong': terms\(\) gave a Tensor; it returns a PositionalTerms"):
+    with pytest.raises(TypeError, match=r"position 'test-wrong': terms\(\) gave a Tensor; it returns a Positional"):
         ka.KernelAttention(8, 2, position=Wrong(8, 2, 4))(x.float())
