@@ -32,24 +32,26 @@ def import_extensions(names: Any) -> list[str]:
     """Import each module of ``names`` (``run.imports``: a module name or a ``.py`` path, or a list of them);
     returns the names of the modules imported.  A name that is neither an importable module nor a file is a
     :class:`ConfigError`; an error inside a module propagates with its traceback (it is the module's)."""
+    return [_import(n) for n in _items(names)]
+
+
+def _items(names: Any) -> list[str]:
+    """``run.imports`` as a list of names (none for None), or a :class:`ConfigError` saying what it holds."""
     if names is None:
         return []
     items = [names] if isinstance(names, str) else names
     if not isinstance(items, (list, tuple)) or not all(isinstance(n, str) and n.strip() for n in items):
         raise ConfigError(f"run.imports must be a module name or a .py file, or a list of them, got {names!r}")
-    return [_import(n.strip()) for n in items]
+    return [n.strip() for n in items]
 
 
 def with_resolved_imports(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``cfg`` with each ``.py`` file of ``run.imports`` as an absolute path (what a run stores, so that its
     checkpoints load from any working directory on this machine; elsewhere ``run.imports=...`` says where)."""
     run = cfg.get("run") or {}
-    names = run.get("imports")
-    if names is None:
+    if run.get("imports") is None:
         return dict(cfg)
-    items = [names] if isinstance(names, str) else list(names)
-    resolved = [str(Path(n).expanduser().resolve()) if isinstance(n, str) and n.strip().endswith(".py") else n
-                for n in items]
+    resolved = [str(Path(n).expanduser().resolve()) if n.endswith(".py") else n for n in _items(run["imports"])]
     return {**cfg, "run": {**run, "imports": resolved}}
 
 

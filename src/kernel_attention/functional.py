@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kernel_attention.filters import Filter, make_filter
 from kernel_attention.kernels import Kernel, make_kernel
+from kernel_attention.kernels.base import with_scale
 from kernel_attention.kernels.capabilities import pools_keys
 from kernel_attention.smoother import PositionalTerms
 
@@ -55,28 +56,6 @@ def _from_spec(kind: str, spec, make, keep=lambda obj: True):
 
 def _stateless(kern: Kernel) -> bool:
     return next(iter(kern.parameters()), None) is None and next(iter(kern.buffers()), None) is None
-
-
-def _with_scale(kernel, scale: float | None):
-    """``kernel`` with the scale of its exponent set to ``scale`` (the ``scale=`` of PyTorch's fused attention):
-    a spec string gains ``scale=``, so that it is still kept between calls.  A kernel object, a kernel without
-    a ``scale`` parameter, or a spec that gives another scale, is refused."""
-    if scale is None:
-        return kernel
-    from kernel_attention.kernels import KERNELS
-    from kernel_attention.registry import SpecError
-
-    if isinstance(kernel, Kernel):
-        raise ValueError(f"scale= goes with a kernel given by name; a kernel object takes its scale when built "
-                         f"(for instance ExpKernel(scale={scale}))")
-    name, params = KERNELS.validate(kernel)
-    if "scale" not in params:
-        with_scale = ", ".join(n for n in KERNELS.names() if any(p.name == "scale" for p in KERNELS.entry(n).params))
-        raise SpecError(f"kernel {name!r} has no scale; scale= applies to {with_scale}")
-    if params["scale"] is not None and params["scale"] != scale:
-        raise SpecError(f"scale={scale} and the kernel spec's scale={params['scale']} disagree; give one of them")
-    params["scale"] = float(scale)
-    return f"{name}:" + ",".join(f"{k}={v}" for k, v in params.items() if v is not None)
 
 
 def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None) -> Tensor:
@@ -308,7 +287,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
     kernel) and overflows float16's range, where an exp-family kernel's soft-max subtracts the row maximum.
     """
     _tensors(q, k, v)  # before q.dtype is read
-    kern = _from_spec("kernel", _with_scale(kernel, scale), make_kernel, _stateless)
+    kern = _from_spec("kernel", with_scale(kernel, scale), make_kernel, _stateless)
     out_dtype = q.dtype
     wide = not kern.positive and (q.dtype in (torch.float16, torch.bfloat16)
                                   or torch.is_autocast_enabled(q.device.type))
@@ -374,7 +353,7 @@ def build_problem(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp",
     check_inputs(q, k, v, groups=groups)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    kern = _from_spec("kernel", _with_scale(kernel, scale), make_kernel, _stateless)
+    kern = _from_spec("kernel", with_scale(kernel, scale), make_kernel, _stateless)
     keep, float_mask, filt = resolve_mask(mask, q, k, key_mask, is_causal, defer=defer_mask)
     keep, keep_fn = (None, keep) if callable(keep) else (keep, None)
     bias = check_float_mask("bias", bias, q, k)

@@ -125,6 +125,13 @@ class Entry:
         return f"{self.name}(" + ", ".join(p.describe() for p in self.params) + ")"
 
 
+def spec_string(name: str, params: Mapping[str, Any]) -> str:
+    """``name:key=value,...``, the string form of a spec (:func:`parse_spec` reads it back); parameters that
+    are None are left out, booleans written ``true`` / ``false``."""
+    text = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in params.items() if v is not None]
+    return f"{name}:" + ",".join(text) if text else name
+
+
 def _where(factory: Callable) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
 

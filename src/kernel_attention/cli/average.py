@@ -61,9 +61,9 @@ def _one_run(pairs: list[tuple[dict, Path]]) -> None:
             raise ValueError(f"{seen[step]} and {f} are both step {step}: the checkpoints of one run have distinct "
                              f"steps (a file named twice, or two runs)")
         seen[step] = f
-    (first, f0), configs = pairs[0], [((s.get("extra") or {}).get("config"), f) for s, f in pairs]
-    base = (first.get("extra") or {}).get("config")
-    for cfg, f in configs[1:]:
+    base, f0 = (pairs[0][0].get("extra") or {}).get("config"), pairs[0][1]
+    for state, f in pairs[1:]:
+        cfg = (state.get("extra") or {}).get("config")
         if base is None or cfg is None:
             continue
         differ = [(k, a, b) for k, a, b in changed_keys(base, cfg) if k.split(".")[0] in ("model", "task")]

@@ -139,7 +139,7 @@ def _config_data(path: str) -> tuple[str | None, list[str] | None] | int:
     spec), ``(data root or None, [dataset])`` for a staged dataset; 2 after a message when it names none."""
     from kernel_attention.config import ConfigError, load_config
     from kernel_attention.data.datasets import DATASETS, SPECS
-    from kernel_attention.registry import SpecError, parse_spec
+    from kernel_attention.registry import SpecError, parse_spec, spec_string
     from kernel_attention.tasks.data_source import dataset_spec
 
     try:
@@ -151,8 +151,7 @@ def _config_data(path: str) -> tuple[str | None, list[str] | None] | int:
     params = parse_spec(spec)[1]  # as the config gives them, without the defaults
     if not SPECS[name].by_path:
         return params.get("root"), [name]
-    text = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items() if v is not None}
-    return f"{name}:" + ",".join(f"{k}={v}" for k, v in text.items()), None
+    return spec_string(name, params), None
 
 
 def _own_data(path: str | None, names, download: bool) -> str | int | None:

@@ -13,9 +13,9 @@ import dataclasses
 
 from torch import Tensor, nn
 
-from kernel_attention.registry import Registry
+from kernel_attention.registry import Registry, SpecError, spec_string
 
-__all__ = ["Kernel", "SDPAForm", "SquaredForm", "KERNELS", "make_kernel", "kernel_matrix"]
+__all__ = ["Kernel", "SDPAForm", "SquaredForm", "KERNELS", "make_kernel", "kernel_matrix", "with_scale"]
 
 
 @dataclasses.dataclass
@@ -98,6 +98,24 @@ class Kernel(nn.Module):
 
 
 KERNELS = Registry("kernel", base=Kernel)
+
+
+def with_scale(kernel, scale: float | None):
+    """``kernel`` with the scale of its exponent set to ``scale`` (the ``scale=`` of PyTorch's fused attention):
+    a spec string gains ``scale=``, so that it is still kept between calls.  A kernel object, a kernel without
+    a ``scale`` parameter, or a spec that gives another scale, is refused."""
+    if scale is None:
+        return kernel
+    if isinstance(kernel, Kernel):
+        raise ValueError(f"scale= goes with a kernel given by name; a kernel object takes its scale when built "
+                         f"(for instance ExpKernel(scale={scale}))")
+    name, params = KERNELS.validate(kernel)
+    if "scale" not in params:
+        scaled = ", ".join(n for n in KERNELS.names() if any(p.name == "scale" for p in KERNELS.entry(n).params))
+        raise SpecError(f"kernel {name!r} has no scale; scale= applies to {scaled}")
+    if params["scale"] is not None and params["scale"] != scale:
+        raise SpecError(f"scale={scale} and the kernel spec's scale={params['scale']} disagree; give one of them")
+    return spec_string(name, {**params, "scale": float(scale)})
 
 
 def kernel_matrix(kernel: Kernel, q: Tensor, k: Tensor, log: bool = True) -> Tensor:
