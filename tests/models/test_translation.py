@@ -171,3 +171,11 @@ def test_a_cross_attention_pooling_the_target_positions_is_refused(kernel):
         tiny(cross_attention={"kernel": kernel})
     tiny(cross_attention={"kernel": f"{kernel}:amortized=keys"})
     tiny(cross_attention={"kernel": f"{kernel}:amortized=false"})
+
+
+@pytest.mark.parametrize("place, where", [("decoder_attention", r"decoder_attention \(C\)"),
+                                          ("encoder_attention", r"encoder_attention \(A\)")])
+def test_a_pooling_kernel_under_a_hiding_filter_names_its_place(place, where):
+    """The refusal says which of the model's attentions it concerns, as the config's other errors do."""
+    with pytest.raises(SpecError, match=f"^{where}.*'ikan:amortized=false'"):
+        tiny(**{place: {"kernel": "ikan", "filter": "causal"}})

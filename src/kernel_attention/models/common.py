@@ -11,7 +11,8 @@ the accepted ones, and checks the impossible combinations before any weights are
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -23,9 +24,18 @@ from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
 from kernel_attention.registry import SpecError
 
-__all__ = ["ATTENTION_KEYS", "attention_config", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
+__all__ = ["ATTENTION_KEYS", "attention_config", "config_place", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
            "share_xl_biases", "KernelRegularized"]
 
+
+
+@contextmanager
+def config_place(where: str) -> Iterator[None]:
+    """A :class:`SpecError` raised inside names the config place it concerns (``decoder_attention (C): ...``)."""
+    try:
+        yield
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
 
 
 def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any) -> dict[str, Any]:
@@ -36,7 +46,7 @@ def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any
     itself (the models pass it with each batch, and a language model's segments or a decoding step have none).
     """
     cfg = {**defaults, **attention_options(user, where)}
-    try:
+    with config_place(where):
         if not isinstance(cfg.get("kernel", "exp"), nn.Module):
             KERNELS.validate(cfg.get("kernel", "exp"))
         position = cfg.get("position", "none")
@@ -50,8 +60,6 @@ def attention_config(user: Mapping[str, Any] | None, where: str, **defaults: Any
                             f"got position={pos_name!r}")
         if vp not in ("none", "absolute", "relative", True, False):
             raise SpecError(f"value_position={vp!r} is not one of ['none', 'absolute', 'relative']")
-    except SpecError as e:
-        raise SpecError(f"{where}: {e}") from None
     return cfg
 
 

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from kernel_attention.dropout import Dropout
 from kernel_attention.nn.block import TransformerBlock
 from kernel_attention.models.common import (KernelRegularized, ScaledEmbedding, attention_config,
-                                            causal_filter, share_xl_biases, sinusoidal_input)
+                                            causal_filter, config_place, share_xl_biases, sinusoidal_input)
 
 __all__ = ["TranslationModel"]
 
@@ -77,13 +77,17 @@ class TranslationModel(KernelRegularized, nn.Module):
         self.d_model, self.pad_id, self.pe_at_input = d_model, pad_id, pe_at_input
         self.src_embed = ScaledEmbedding(src_vocab, d_model, pad_id)
         self.tgt_embed = self.src_embed if share_embeddings else ScaledEmbedding(tgt_vocab, d_model, pad_id)
-        self.encoder = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, attention=self.attn_cfg["encoder"], norm=norm, dropout=dropout)
-            for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, attention=dec_cfg, cross_attention=self.attn_cfg["cross"],
-                             norm=norm, dropout=dropout)
-            for _ in range(dec_layers))
+        # A kernel that pools over positions is refused under a filter that hides keys, which the blocks check.
+        with config_place("encoder_attention (A)"):
+            self.encoder = nn.ModuleList(
+                TransformerBlock(d_model, n_heads, d_ff, attention=self.attn_cfg["encoder"], norm=norm,
+                                 dropout=dropout)
+                for _ in range(enc_layers))
+        with config_place("decoder_attention (C) with cross_attention (B)"):
+            self.decoder = nn.ModuleList(
+                TransformerBlock(d_model, n_heads, d_ff, attention=dec_cfg, cross_attention=self.attn_cfg["cross"],
+                                 norm=norm, dropout=dropout)
+                for _ in range(dec_layers))
         # xl positions: one u/v pair per place, shared by that place's layers (as Transformer-XL shares
         # r_w_bias / r_r_bias across its layers); registered as xl_biases.<place>.{0,1}.
         self.xl_biases = nn.ModuleDict()
