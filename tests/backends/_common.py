@@ -21,18 +21,20 @@ DT = torch.float64
 TRITON_ON_CUDA = torch.cuda.is_available() and not _interpreting()
 
 
-def inputs(tq, tk, d=D, seed=0, dtype=DT, b=B):
+def inputs(tq, tk, d=D, seed=0, dtype=DT, b=B, transposed=False):
+    """Random q, k, v; ``transposed``: the same values held with the feature dimension strided (views of
+    (b, H, d, T) tensors), as a user's transposed inputs are."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, H, tq, d, generator=g, dtype=dtype).requires_grad_()
-    k = torch.randn(b, H, tk, d, generator=g, dtype=dtype).requires_grad_()
-    v = torch.randn(b, H, tk, d, generator=g, dtype=dtype).requires_grad_()
-    return q, k, v
+    out = [torch.randn(b, H, t, d, generator=g, dtype=dtype) for t in (tq, tk, tk)]
+    if transposed:
+        out = [x.mT.contiguous().mT for x in out]
+    return tuple(x.requires_grad_() for x in out)
 
 
-def _call(kernel, position, tq, tk, value_position, self_attention, dtype, b):
+def _call(kernel, position, tq, tk, value_position, self_attention, dtype, b, transposed=False):
     pos = make_position(position, d_model=H * D, n_heads=H, d_head=D, value_position=value_position).to(dtype)
     kern = ka.make_kernel(kernel, n_heads=H, d_head=D).to(dtype).eval()
-    q, k, v = inputs(tq, tk, dtype=dtype, b=b)
+    q, k, v = inputs(tq, tk, dtype=dtype, b=b, transposed=transposed)
     pq, pk = default_positions(tq, tk, "cpu", self_attention)
     return pos, kern, q, k, v, pos.terms(q, k, pq, pk)
 
@@ -85,10 +87,11 @@ NEVER = 1 << 30
 
 
 def run(backend, kernel, position="none", filt=None, tq=23, tk=23, key_mask=None, value_position="none",
-         self_attention=True, dropout_p=0.0, dtype=DT, b=B):
+         self_attention=True, dropout_p=0.0, dtype=DT, b=B, transposed=False):
     """Output and gradients (q, k, v, positional and kernel parameters) for one combination."""
     torch.manual_seed(1)
-    pos, kern, q, k, v, terms = _call(kernel, position, tq, tk, value_position, self_attention, dtype, b)
+    pos, kern, q, k, v, terms = _call(kernel, position, tq, tk, value_position, self_attention, dtype, b,
+                                      transposed)
     torch.manual_seed(2)
     out = attention(q, k, v, kern, filt, terms=terms, key_mask=key_mask, backend=backend, dropout_p=dropout_p)
     params = [q, k, v] + [p for p in pos.parameters()] + [p for p in kern.parameters() if p.requires_grad]

@@ -41,6 +41,9 @@ class Problem:
                  filter: Filter | None = None, key_mask: Tensor | None = None,
                  terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
                  keep_fn: Callable[[], Tensor] | None = None, kv_groups: int = 1):
+        # PyTorch's fused CPU kernels, which several backends call directly, read the feature dimension as
+        # contiguous: a q, k or v with another stride there (a transposed view) would be read wrongly.
+        q, k, v = (x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous() for x in (q, k, v))
         self.q, self._k, self._v, self.kernel, self._keep = q, k, v, kernel, keep
         self.filter, self.key_mask, self.terms = filter, key_mask, terms
         self.dropout_p, self.need_weights = dropout_p, need_weights
