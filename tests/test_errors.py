@@ -112,12 +112,14 @@ def test_the_layer_names_the_widths_it_takes():
 
 def test_masks_that_do_not_fit():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="does not broadcast"):
         ka.attention(q, k, v, mask=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="does not broadcast"):
         ka.attention(q, k, v, mask=torch.ones(3, 2, 3, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="does not broadcast"):
         ka.attention(q, k, v, mask=torch.ones(2, 2, 7, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"does not broadcast to \(\.\.\., Tq=3, Tk=5\)"):
+        ka.attention(q, k, v, mask=torch.ones(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="key_mask"):
         ka.attention(q, k, v, key_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool"):

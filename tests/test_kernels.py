@@ -84,6 +84,21 @@ def test_exp_equals_sdpa_with_masks():
     torch.testing.assert_close(ka.attention(q, k, v, mask=fm), F.scaled_dot_product_attention(q, k, v, attn_mask=fm))
 
 
+@pytest.mark.parametrize("shape", [(2, 1, 1, 7), (1, 7), (5, 1), (2, 1, 5, 1), (1, 1), (7,)])
+@pytest.mark.parametrize("backend", ["auto", "dense", "blockwise"])
+def test_a_bool_mask_of_one_row_or_column_broadcasts_as_in_sdpa(shape, backend):
+    """A key-padding mask (B, 1, 1, Tk), a per-query mask (Tq, 1): PyTorch's attention broadcasts them; a query
+    with no key left gives zeros (where SDPA gives NaN)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    m = torch.rand(shape) > 0.4
+    m.view(-1)[:2] = torch.tensor([True, False])[: m.numel()]
+    full = m.expand(2, 2, 5, 7)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full)
+    ref = ref.nan_to_num() * full.any(-1, keepdim=True)
+    torch.testing.assert_close(ka.attention(q, k, v, mask=m, backend=backend), ref)
+
+
 @pytest.mark.parametrize("backend", ["auto", "dense"])
 def test_scale_is_sdpas_scale_with_gradients(backend):
     q, k, v = (t.requires_grad_() for t in _qkv(Tq=5, Tk=5))

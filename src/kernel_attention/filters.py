@@ -338,8 +338,10 @@ class MaskFilter(Filter):
     by_spec = False
 
     def mask(self, tq, tk, device=None, key_mask=None):
-        if self.tensor.shape[-2:] not in ((tq, tk), (1, tk), (tq, 1), (1, 1)):
-            raise ValueError(f"mask of shape {tuple(self.tensor.shape)} does not fit (..., Tq={tq}, Tk={tk})")
+        last = tuple(self.tensor.shape[-2:])
+        if not last or any(a not in (1, b) for a, b in zip(reversed(last), (tk, tq))):
+            raise ValueError(f"mask of shape {tuple(self.tensor.shape)} does not broadcast to (..., Tq={tq}, "
+                             f"Tk={tk})")
         return self.tensor.to(device)
 
 

@@ -73,12 +73,16 @@ def _filter_mask(filt: Filter, tq: int, tk: int, device, key_mask: Tensor | None
 
 def _bool_mask(filt: Filter, keep, tq: int, tk: int) -> Tensor:
     """``keep``, checked to be what :meth:`Filter.mask` promises (a filter of one's own may return a 0/1 float
-    mask, or a shape that is no (Tq, Tk) grid)."""
-    if not isinstance(keep, Tensor) or keep.dtype != torch.bool or keep.dim() < 2 or keep.shape[-2:] != (tq, tk):
+    mask, or a shape that is no (Tq, Tk) grid).  A mask of one row or one column, (..., 1, Tk), (..., Tq, 1) or
+    (Tk,), as PyTorch's attention broadcasts it, is expanded to (..., Tq, Tk) (a view)."""
+    if (not isinstance(keep, Tensor) or keep.dtype != torch.bool or keep.dim() < 1
+            or not _broadcasts(keep.shape[-2:], (tq, tk))):
         got = f"{keep.dtype} {tuple(keep.shape)}" if isinstance(keep, Tensor) else type(keep).__name__
-        raise ValueError(f"filter {filt!r}: mask({tq}, {tk}) gave {got}, not a bool tensor of shape (..., {tq}, {tk}) "
-                         f"(True = the key takes part)")
-    return keep
+        raise ValueError(f"filter {filt!r}: mask({tq}, {tk}) gave {got}, not a bool tensor broadcastable to "
+                         f"(..., {tq}, {tk}) (True = the key takes part)")
+    if keep.dim() == 1:
+        keep = keep[None]
+    return keep if keep.shape[-2:] == (tq, tk) else keep.expand(*keep.shape[:-2], tq, tk)
 
 
 def _broadcasts(shape, target) -> bool:
