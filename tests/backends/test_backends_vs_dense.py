@@ -137,6 +137,20 @@ def test_inputs_with_a_strided_feature_dimension(kernel, position, filt, dtype):
             raise AssertionError(f"{spec} on {kernel} / {position} / {filt}: {e}") from None
 
 
+@pytest.mark.parametrize("shape", [(23, 1), (1, 23), (1, 1), (2, 1, 23, 1)])
+@pytest.mark.parametrize("filt", ["local:window=2", "causal", None])
+def test_an_additive_term_broadcast_over_keys_or_queries(shape, filt):
+    """A float term of one column (a per-query term) or one row, on blockwise's blocks that start past the
+    first key, against dense, with gradients for the term."""
+    q, k, v = inputs(23, 23)
+    bias = torch.randn(shape, dtype=DT, requires_grad=True)
+
+    def one(backend):
+        out = attention(q, k, v, "exp", filt, bias=bias, backend=backend)
+        return out, torch.autograd.grad(out, (q, k, v, bias), torch.ones_like(out) + out.detach())
+    close(one("blockwise:block=1024"), one("dense"))
+
+
 def test_float32_agrees():
     ref = run("dense", "exp", "xl", "causal", tq=64, tk=64, dtype=torch.float32)
     for backend in ("blockwise", "blockwise:block=1024"):

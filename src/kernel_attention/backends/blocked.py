@@ -11,6 +11,7 @@ Shaw's value table is the value callback.  The chunked smoother recomputes them 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.chunked import ChunkSpec, plan_blocks
@@ -18,6 +19,12 @@ from kernel_attention.backends.relative import gather_rel, rel_logits, skew_rel,
 from kernel_attention.kernels.capabilities import block_log_kernel
 
 __all__ = ["blocked_spec"]
+
+
+def _cols(x: Tensor, c) -> Tensor:
+    """The key columns ``c`` of an additive term (..., Tk), or the term whole where it has one column for every
+    key (a per-query term (Tq, 1), broadcast)."""
+    return x if x.shape[-1] == 1 else x[..., c]
 
 
 def blocked_spec(p: Problem, qf, kf, scale: float, key_bias, rows: int, shared: bool) -> tuple[ChunkSpec, list]:
@@ -50,14 +57,14 @@ def blocked_spec(p: Problem, qf, kf, scale: float, key_bias, rows: int, shared: 
         pieces.append(lambda r, c, ex: f(r, c, ex[iq], ex[ik], *[ex[i] for i in ist]))
     if key_bias is not None:
         i = slot(key_bias, "keys")
-        pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
+        pieces.append(lambda r, c, ex, i=i: _cols(ex[i], c))
     if t is not None:
         if t.q_feat is not None and (qf is None or shared):  # not in the features: a per-block product
             iqf, ikf = slot(t.q_feat, "rows"), slot(t.k_feat, "cols")
             pieces.append(lambda r, c, ex: torch.matmul(ex[iqf][..., r, :], ex[ikf][..., c, :].transpose(-1, -2)))
         if t.key_bias is not None:
             i = slot(t.key_bias, "keys")
-            pieces.append(lambda r, c, ex, i=i: ex[i][..., c])
+            pieces.append(lambda r, c, ex, i=i: _cols(ex[i], c))
         for logits, index in t.relative:
             i = slot(logits, "rows")
             pieces.append(lambda r, c, ex, i=i, index=index: gather_rel(ex[i][..., r, :], index[..., r, c]))
@@ -74,7 +81,7 @@ def blocked_spec(p: Problem, qf, kf, scale: float, key_bias, rows: int, shared: 
             pieces.append(rel)
         if t.bias is not None:
             i = slot(t.bias)
-            pieces.append(lambda r, c, ex, i=i: (ex[i] if ex[i].shape[-2] == 1 else ex[i][..., r, :])[..., c])
+            pieces.append(lambda r, c, ex, i=i: _cols(ex[i] if ex[i].shape[-2] == 1 else ex[i][..., r, :], c))
 
     def bias_fn(r, c, ex):
         out = None
