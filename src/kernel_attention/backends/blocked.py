@@ -21,10 +21,11 @@ from kernel_attention.kernels.capabilities import block_log_kernel
 __all__ = ["blocked_spec"]
 
 
-def _cols(x: Tensor, c) -> Tensor:
+def _cols(x, c) -> Tensor:
     """The key columns ``c`` of an additive term (..., Tk), or the term whole where it has one column for every
-    key (a per-query term (Tq, 1), broadcast)."""
-    return x if x.shape[-1] == 1 else x[..., c]
+    key (a per-query term (Tq, 1), broadcast).  In the backward pass a sliced extra stands for its block's
+    columns (``chunked._Sliced``) and is read with the block's slice."""
+    return x if isinstance(x, Tensor) and x.shape[-1] == 1 else x[..., c]
 
 
 def blocked_spec(p: Problem, qf, kf, scale: float, key_bias, rows: int, shared: bool) -> tuple[ChunkSpec, list]:
