@@ -84,3 +84,32 @@ def test_every_parameter_receives_gradient():
         layer(torch.randn(2, 5, 8)).pow(2).sum().backward()
         missing = [n for n, p in layer.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
         assert not missing, (position, missing)
+
+
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "poly", "ikas:R=4,amortized=false"])
+@pytest.mark.parametrize("mask", [None, "causal&local:window=1"])
+def test_second_derivatives_on_dense(kernel, mask):
+    """Gradients of gradients (a gradient penalty, Hessian-vector products) against finite differences."""
+    torch.manual_seed(0)
+    kern = ka.make_kernel(kernel, n_heads=2, d_head=4).double().eval()
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 4, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v: ka.attention(q, k, v, kernel=kern, mask=mask, backend="dense"), (q, k, v))
+
+
+@pytest.mark.parametrize("kernel, mask, backend", [
+    ("exp", "local:window=1", "auto"), ("exp", "local:window=1", "blockwise:block=1024"),
+    ("rbf", None, "sdpa:key_bias=mask"), ("poly", None, "linear"), ("linear", "causal", "linear"), ("ikas:R=4", None, "squared")])
+def test_a_backward_written_out_refuses_a_second_derivative(kernel, mask, backend):
+    """Its gradients have no graph: asked for one (create_graph=True) it names dense, which has one, instead of
+    a second derivative that would be missing (a gradient penalty taken as a constant)."""
+    from kernel_attention.backends import SecondDerivativeError
+    q = torch.randn(1, 2, 8, 4, dtype=torch.float64, requires_grad=True)
+    k, v = torch.randn(1, 2, 8, 4, dtype=torch.float64), torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    kern = ka.make_kernel(kernel, n_heads=2, d_head=4).double().eval()
+    out = ka.attention(q, k, v, kernel=kern, mask=mask, backend=backend)
+    with pytest.raises(SecondDerivativeError, match="backend='dense'"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    assert torch.autograd.grad(out.square().sum(), q)[0].shape == q.shape  # first derivatives as before

@@ -10,8 +10,9 @@ from kernel_attention.backends.base import BACKENDS, Backend, Problem
 from kernel_attention.backends import (sdpa, flex, banded, squared, blockwise, linear,  # noqa: F401  (register
                                        dense, triton_flash)                              # the backends)
 from kernel_attention.backends.dispatch import AUTO, ORDER, BackendError, Choice, KernelCompileError, choose
+from kernel_attention.backends.first_order import SecondDerivativeError
 from kernel_attention.backends.linear import linear_crossover
 from kernel_attention.backends.policy import POLICIES, DevicePolicy, policy
 
 __all__ = ["BACKENDS", "Backend", "Problem", "AUTO", "ORDER", "BackendError", "KernelCompileError", "Choice", "choose",
-           "linear_crossover", "POLICIES", "DevicePolicy", "policy"]
+           "SecondDerivativeError", "linear_crossover", "POLICIES", "DevicePolicy", "policy"]

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, pad_last, sdpa_features
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.backends.policy import policy
 from kernel_attention.positions.difference_index import DifferenceIndex
 from kernel_attention.kernels.capabilities import sdpa_layout
@@ -179,6 +180,7 @@ class _ShawBanded(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, g):
         c, causal, scale = ctx.c, ctx.causal, ctx.scale
         qf, kf, v, L, out, lse, o_past, l_past, o_future, l_future = ctx.saved_tensors

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.smoother import DIRECT_EPS, guard
 from kernel_attention.kernels.capabilities import feature_map
 
@@ -101,7 +102,7 @@ class _CausalScan(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order
     def backward(ctx, dout):
         q, k, v, out, den, *rest = ctx.saved_tensors
         km = rest.pop(0) if ctx.has_mask else None

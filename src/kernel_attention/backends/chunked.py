@@ -29,6 +29,7 @@ from torch import Tensor
 
 from kernel_attention.backends.amp import autocast_state, replay
 from kernel_attention.backends.base import Problem, pad_last, row_bounds, sum_to
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.dropout import keep_mask
 
 __all__ = ["ChunkSpec", "plan_blocks", "block_spans", "chunked_smoother"]
@@ -199,6 +200,7 @@ class _Chunked(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, gout):
         with replay(ctx.autocast):  # the forward's autocast: a float32 term beside bf16 values (backends/amp.py)
             return _Chunked._backward(ctx, gout)

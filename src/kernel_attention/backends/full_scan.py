@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.causal_scan import accumulator, add_grads, quotient_grads
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.smoother import guard
 from kernel_attention.kernels.capabilities import feature_map
 
@@ -57,7 +58,7 @@ class _FullScan(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order
     def backward(ctx, dout):
         q, k, v, out, den, s, z, *rest = ctx.saved_tensors
         km = rest.pop(0) if ctx.has_mask else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from kernel_attention.backends.base import pad_last
+from kernel_attention.backends.first_order import first_order
 
 __all__ = ["KeyBiasSDPA"]
 
@@ -34,6 +35,7 @@ class KeyBiasSDPA(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, gout):
         q, k, v, kb, mask, out, lse = ctx.saved_tensors
         scale, dq_size, dv = ctx.scale, q.shape[-1], v.shape[-1]

@@ -54,6 +54,7 @@ from torch import Tensor
 
 from kernel_attention.backends import native
 from kernel_attention.backends.base import Problem, pad_last, sum_to
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.backends.relative import toeplitz_base
 from kernel_attention.backends.slice_terms import TERMS, SharedTerm, SliceSpec, term_blocks
 
@@ -221,6 +222,7 @@ class _Sliced(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, gout):
         spec = ctx.spec
         qf, kf, v, key_bias, out, lse, *extras = ctx.saved_tensors

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from kernel_attention.backends.base import BACKENDS, Backend, Problem, kept_keys
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.backends.triton_filters import kept_key_log, tile_filter
 from kernel_attention.backends.chunked import block_spans, plan_blocks
 from kernel_attention.backends.policy import block_rows, policy
@@ -171,7 +172,7 @@ class _SquaredProduct(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # the backward below is not itself differentiated
+    @first_order
     def backward(ctx, g):
         fq, fk, vw, v1 = ctx.saved_tensors
         drop, width = ctx.drop, vw.shape[-1]

@@ -25,10 +25,10 @@ import threading
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from kernel_attention.backends.base import Problem
 from kernel_attention.backends.dispatch import KernelCompileError
+from kernel_attention.backends.first_order import first_order
 from kernel_attention.backends.squared import MAX_SPREAD, key_spread
 from kernel_attention.backends.triton_filters import TileFilter, kept_key_log, tile_filter
 from kernel_attention.kernels.capabilities import has_squared_form, sdpa_layout
@@ -95,8 +95,8 @@ def eager_function(name: str, forward, setup_context, backward) -> type:
         setup_context(ctx, inputs, output)
         return output
 
-    # once_differentiable: a second derivative is refused, as the operators (no formula for the backward) refuse it
-    body = {"forward": staticmethod(run), "backward": staticmethod(once_differentiable(backward))}
+    # a second derivative is refused, as the operators (no formula for the backward) refuse it
+    body = {"forward": staticmethod(run), "backward": staticmethod(first_order(backward))}
     return type(name, (torch.autograd.Function,), body)
 
 
