@@ -38,6 +38,22 @@ def test_autocast_leaves_a_direct_kernel_in_float32(kernel):
     assert out.dtype == torch.float32 and torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("kernel", ["exp", "rbf", "poly"])
+def test_mixed_dtypes_under_autocast_are_cast_as_pytorch_casts_them(kernel):
+    """Under autocast PyTorch's attention takes q in bfloat16 beside float32 k, v (it casts them); so does ours,
+    with what the inputs cast by hand give."""
+    q, k, v = (x.detach() for x in _qkv())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q.bfloat16(), k, v, kernel=kernel)
+        ref = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), kernel=kernel)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), k, v)
+    assert torch.equal(out, ref) and out.dtype == ref.dtype
+    if kernel == "exp":
+        assert out.dtype == sdpa.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="must share a dtype"):  # outside autocast, as PyTorch's attention
+        attention(q.bfloat16(), k, v, kernel=kernel)
+
+
 def test_exp_kernels_run_in_the_low_precision():
     q, k, v = _qkv()
     ref = attention(q, k, v, kernel="exp")

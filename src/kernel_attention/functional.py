@@ -160,10 +160,14 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True, groups: i
         raise ValueError(f"the feature sizes D and Dv must be at least 1: q {tuple(q.shape)}, v {tuple(v.shape)}")
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have the same number of keys Tk: k {tuple(k.shape)} vs v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    _same_dtype(q, k, v)
     if finite:
         check_finite({"q": q, "k": k, "v": v})
+
+
+def _same_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
 def kv_groups(q: Tensor, k: Tensor, v: Tensor) -> int:
@@ -291,6 +295,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
     kernel) and overflows float16's range, where an exp-family kernel's soft-max subtracts the row maximum.
     """
     _tensors(q, k, v)  # before q.dtype is read
+    if all(x.is_floating_point() for x in (q, k, v)) and not q.dtype == k.dtype == v.dtype:
+        if not torch.is_autocast_enabled(q.device.type):
+            _same_dtype(q, k, v)  # before a direct kernel's inputs are widened to one dtype below
+        dt = torch.get_autocast_dtype(q.device.type)  # as PyTorch's attention casts them under autocast
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
     kern = _from_spec("kernel", with_scale(kernel, scale), make_kernel, _stateless)
     out_dtype = q.dtype
     wide = not kern.positive and (q.dtype in (torch.float16, torch.bfloat16)
