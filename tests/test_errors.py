@@ -230,6 +230,10 @@ def test_amortised_implicit_kernel_refuses_a_filter_it_would_leak_through():
     ka.KernelAttention(8, 2, kernel="ikan:amortized=false", filter="causal")
     with pytest.raises(ka.SpecError, match=r"would see keys the filter hides; use 'ikan:amortized=false'"):
         ka.KernelAttention(8, 2, kernel="ikan", filter="local:window=1")   # hidden keys, not future ones
+    for wide in ("local:window=7", "local:window=300", "strided:stride=100"):  # hiding none of 8 positions
+        with pytest.raises(ka.SpecError, match="would see keys the filter hides"):
+            ka.KernelAttention(8, 2, kernel="ikan", filter=wide)
+    ka.KernelAttention(8, 2, kernel="ikan", filter="local:window=2|full")
     with pytest.raises(ka.SpecError, match=r"amortized=.*one of \[True, False, 'keys'\]"):
         ka.KernelAttention(8, 2, kernel="ikan:amortized=queries")
     ka.KernelAttention(8, 2, kernel="ikan", filter="padding")
