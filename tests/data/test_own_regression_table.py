@@ -16,6 +16,17 @@ def write_table(path, n=30, header=True):
     return path
 
 
+def test_ignored_columns_need_not_hold_numbers(tmp_path):
+    """ignore=id+date leaves out a column of dates, as the error about it advises."""
+    (tmp_path / "d.csv").write_text("id,date,a,y\n" + "".join(f"{i},2020-01-0{i},{i / 10},{i / 5}\n"
+                                                              for i in range(1, 8)))
+    with pytest.raises(DataFormatError, match=r"column 'date' holds '2020-01-01'.*ignore=id\+date\)"):
+        DATASETS.create(f"csv:path={tmp_path / 'd.csv'},target=y,ignore=id")
+    d = DATASETS.create(f"csv:path={tmp_path / 'd.csv'},target=y,ignore=id+date")
+    assert d.feature_names == ["a"] and d.x[:, 0].tolist() == [i / 10 for i in range(1, 8)]
+    assert d.y[:, 0].tolist() == [i / 5 for i in range(1, 8)]
+
+
 def test_csv_target_by_name_or_index(tmp_path):
     d = DATASETS.create(f"csv:path={write_table(tmp_path / 't.csv')},target=y,ignore=id")
     assert d.x.shape == (30, 2) and d.y.shape == (30, 1) and d.feature_names == ["a", "b"] and d.target_name == "y"
@@ -62,7 +73,7 @@ def test_negative_columns_count_from_the_end_and_out_of_range_ones_are_named(tmp
 
 
 @pytest.mark.parametrize("bad, column, fix", [("nan", "y", "every row needs a target"),
-                                              ("inf", "a", "leave such columns out with ignore=a"),
+                                              ("inf", "a", r"leave such columns out with ignore=id\+a"),
                                               ("-inf", "y", "every row needs a target")])
 def test_nan_and_inf_cells_are_named_with_their_line(tmp_path, bad, column, fix):
     t = write_table(tmp_path / "t.csv")

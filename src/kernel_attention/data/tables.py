@@ -206,11 +206,12 @@ def load_table_regression(path: str | Path, sep: str, target: str, ignore: str |
         nums = [_number(c) for c in row]
         bad = next((i for i in [ti, *feats] if nums[i] is None), None)
         if bad is not None:
-            fix = "every row needs a target" if bad == ti else f"leave such columns out with ignore={names[bad]}"
+            left_out = "+".join(names[i] for i in sorted(skip | {bad}))
+            fix = "every row needs a target" if bad == ti else f"leave such columns out with ignore={left_out}"
             raise DataFormatError(p, r + first, f"column {names[bad]!r} holds {row[bad][:30]!r}, not a finite "
                                                 f"number ({fix})")
-        values.append(nums)
+        values.append([nums[i] for i in feats] + [nums[ti]])  # the ignored cells need not be numbers
     if len(values) < 3:
         raise DataFormatError(p, None, f"{len(values)} rows are too few for a regression")
     t = torch.tensor(values, dtype=torch.float64)
-    return RegressionData(p.name, t[:, feats], t[:, ti:ti + 1], [names[i] for i in feats], names[ti])
+    return RegressionData(p.name, t[:, :-1], t[:, -1:], [names[i] for i in feats], names[ti])
