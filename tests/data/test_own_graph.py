@@ -106,6 +106,8 @@ def test_labels_file_in_row_order_and_a_split_column(tmp_path):
     (lambda d: (d / "features.csv").unlink(), MissingDataError, r"no features file .*features\.csv"),
     (lambda d: (d / "features.csv").write_text("node,a,b,label\nn0,1,x,red\n"), DataFormatError,
      r"features\.csv:2: column 'b' holds 'x', not a number .*ignore=b"),
+    (lambda d: (d / "features.csv").write_text("node,a,b,part,label\nn0,1,2,Train,red\n"), DataFormatError,
+     r"features\.csv:2: column 'part' holds 'Train', not a number \(a column of splits: name it with split=part\)"),
     (lambda d: (d / "features.csv").write_text("node,a,b,label\nn0,1,2,red\nn0,1,2,blue\n"), DataFormatError,
      r"features\.csv:3: node id 'n0' repeats line 2"),
     (lambda d: (d / "train.txt").write_text("n0\n"), MissingDataError, r"train\.txt but no test\.txt"),

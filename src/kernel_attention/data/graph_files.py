@@ -145,9 +145,10 @@ def _features(p: Path, rows, id_col, label_col, split_col, ignore, header, in_ta
         nums = [_number(cells[i]) for i in feats]
         bad = next((j for j, v in enumerate(nums) if v is None), None)
         if bad is not None:
-            c = names[feats[bad]]
-            raise DataFormatError(p, line, f"column {c!r} holds {cells[feats[bad]][:30]!r}, not a number (leave "
-                                           f"it out with ignore={c}, or name the node-id column with id=)")
+            c, cell = names[feats[bad]], cells[feats[bad]]
+            fix = (f"a column of splits: name it with split={c}" if cell.lower() in _SPLIT_VALUES
+                   else f"leave it out with ignore={c}, or name the node-id column with id=")
+            raise DataFormatError(p, line, f"column {c!r} holds {cell[:30]!r}, not a number ({fix})")
         ids.append(node)
         values.append(nums)
         if idx["label"] is not None:
