@@ -52,4 +52,6 @@ def test_bad_synthetic_configs():
         build_task({"task": "synthetic", "eval": {"beam_size": 4}})
     with pytest.raises(SpecError, match="does not fit this task; accepted: translation"):
         build_task({"task": "synthetic", "model": {"name": "lm"}})
+    with pytest.raises(SpecError, match="makes its own data and reads no data.dataset.*: classification, lm"):
+        build_task({"task": "synthetic", "data": {"dataset": "wikitext-3"}})  # a typo would pass unread
     assert "synthetic" in TASKS

@@ -13,6 +13,7 @@ seed=config.get("seed", 0))`` builds a task from a config; :func:`build_task` do
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping
 
 from kernel_attention.extensions import import_extensions
@@ -65,11 +66,21 @@ TASKS.register("node_classification", [], doc="Planetoid node classification wit
     NodeClassificationTask)
 
 
+def _reads_data(task: str) -> bool:
+    """Whether the task of this name takes a ``data:`` section (a dataset), or makes its own data."""
+    return "data" in inspect.signature(TASKS.entry(task).factory).parameters
+
+
 def build_task(config: Mapping[str, Any]) -> Task:
     """The task a config describes (sections ``task``, ``model``, ``data``, ``eval``, ``seed``)."""
     import_extensions((config.get("run") or {}).get("imports"))  # the parts of the user's that the config names
     if "task" not in config or config["task"] is None:
         raise SpecError(f"the config has no 'task' section; accepted task names: {', '.join(TASKS.names())}")
     check_data_section(config.get("data"))  # every task, also those that read no data: no key is ignored
+    name = TASKS.validate(config["task"])[0]
+    if (config.get("data") or {}).get("dataset") is not None and not _reads_data(name):
+        readers = ", ".join(n for n in TASKS.names() if _reads_data(n))
+        raise SpecError(f"task {name!r} makes its own data and reads no data.dataset; leave it out (the tasks "
+                        f"that read one: {readers})")
     return TASKS.create(config["task"], model=config.get("model"), data=config.get("data"),
                         eval=config.get("eval"), seed=int(config.get("seed", 0) or 0))
