@@ -60,3 +60,6 @@ def test_end_of_run_reads_what_fit_returned_from_the_records(tmp_path):
     again = Trainer(ToyTask(), cfg, tmp_path).fit()   # a finished run run again reports its end, trains no more
     assert again["step"] == 7 and again["final"]["test"]["loss"] == pytest.approx(summary["final"]["test"]["loss"])
     assert again["best_test"]["loss"] == pytest.approx(summary["best_test"]["loss"])
+    for split in ("valid", "test"):  # the metrics alone, as the first fit gave them: no step, split or wall_s stamps
+        assert again["final"][split].keys() == summary["final"][split].keys()
+    assert again["best_test"].keys() == summary["best_test"].keys()

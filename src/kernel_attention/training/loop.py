@@ -82,7 +82,7 @@ from kernel_attention.training.config import TrainConfig, seed_everything
 from kernel_attention.training.interrupt import StopRequest, Stopped
 from kernel_attention.training.optimizer import load_optimizer_state, make_optimizer
 from kernel_attention.training.progress_line import progress_display
-from kernel_attention.training.run_log import RunLog, end_of_run, read_metrics
+from kernel_attention.training.run_log import METRICS_FILE, RunLog, end_of_run, metrics_of, read_metrics
 from kernel_attention.training.schedules import SCHEDULES
 from kernel_attention.training.task import Task
 
@@ -346,7 +346,12 @@ class Trainer:
         self._t0 = self._saved_at = time.time()
         summary: dict[str, Any] = {"final": {}, "best_test": None, "interrupted": False}
         if self.finished and self._done():  # run again when it has finished: its end-of-run records
-            return self._summary({**summary, **end_of_run(read_metrics(self.run_dir))})
+            if self.is_main:
+                print(f"{self.run_dir} finished at step {self.step}; its end-of-run evaluations, from "
+                      f"{METRICS_FILE}:", file=sys.stderr, flush=True)
+            ended = end_of_run(read_metrics(self.run_dir))
+            final = {split: metrics_of(r) for split, r in ended["final"].items()}
+            return self._summary({**summary, "final": final, "best_test": metrics_of(ended["best_test"])})
         if self.finished:  # a finished run given more updates (a larger max_steps) trains on from its end
             self.finished = False
             self.metrics.truncate(self.step, finals=False)

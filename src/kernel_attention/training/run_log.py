@@ -19,7 +19,7 @@ from typing import Any
 
 from kernel_attention.atomic_write import write_text
 
-__all__ = ["RunLog", "read_metrics", "end_of_run", "METRICS_FILE"]
+__all__ = ["RunLog", "read_metrics", "end_of_run", "metrics_of", "STAMPS", "METRICS_FILE"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -51,6 +51,15 @@ def end_of_run(rows: list[dict]) -> dict[str, Any]:
     best = [r for r in rows if r.get("split") == "test" and r.get("checkpoint") == "best"]
     return {"final": {**({"valid": valid[-1]} if valid else {}), **({"test": test[-1]} if test else {})},
             "best_test": best[-1] if best else None}
+
+
+#: the keys :meth:`Trainer.log <kernel_attention.training.loop.Trainer.log>` stamps on a record besides its metrics
+STAMPS = ("step", "epoch", "split", "final", "checkpoint", "best_step", "wall_s")
+
+
+def metrics_of(record: dict | None) -> dict | None:
+    """A record's metrics, the stamps left out: what :meth:`Trainer.fit` reports of an evaluation."""
+    return None if record is None else {k: v for k, v in record.items() if k not in STAMPS}
 
 
 class RunLog:
