@@ -75,18 +75,24 @@ class Param:
             s += f" = {self.default!r}"
         return s
 
+    def _in_errors(self) -> str:
+        """:meth:`describe` with the default said as such (``= 2`` reads as the value given)."""
+        if self.required:
+            return self.describe()
+        return f"{self.describe().rsplit(' = ', 1)[0]}; default {self.default!r}"
+
     def coerce(self, value: Any, where: str) -> Any:
         if value is None and self.optional:
             return None
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         if isinstance(value, str) and (str not in types or bool in types and value.strip().lower() in _BOOL_WORDS):
-            value = _from_string(value, types, f"{where}: parameter {self.describe()}")
+            value = _from_string(value, types, f"{where}: parameter {self._in_errors()}")
         if bool not in types and isinstance(value, bool):
-            raise SpecError(f"{where}: parameter {self.describe()} got a boolean {value!r}")
+            raise SpecError(f"{where}: parameter {self._in_errors()} got a boolean {value!r}")
         if float in types and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, types):
-            raise SpecError(f"{where}: parameter {self.describe()} got {value!r} of type {type(value).__name__}")
+            raise SpecError(f"{where}: parameter {self._in_errors()} got {value!r} of type {type(value).__name__}")
         if isinstance(value, float) and not math.isfinite(value):  # no part has a use for inf or nan
             raise SpecError(f"{where}: parameter {self.name}={value!r} must be a finite number")
         if self.choices is not None and value not in self.choices:

@@ -84,6 +84,10 @@ def test_check_cli_output_and_exit_codes(tmp_path, monkeypatch, capsys):
     assert cli_data.run(parser.parse_args(["data", "list"])) == 0
     listing = capsys.readouterr().out
     assert all(n in listing for n in ISSUE_NAMES)
+    assert cli_data.run(parser.parse_args(["data", "check", "-d", "co2", "-d", "coraa"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kernel-attention: data check: unknown dataset 'coraa'; the staged datasets: wikitext-2")
+    assert "graph," not in err  # the spec names of one's own files are no staged dataset
 
 
 def test_download_refuses_plainly_when_offline(tmp_path, monkeypatch):

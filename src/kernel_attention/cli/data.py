@@ -86,11 +86,14 @@ def run_check(path: str | None, names: list[str] | None = None, download: bool =
     if own is not None:
         return own if isinstance(own, int) else run_check_own(own, as_json, out)
     root = Path(path).expanduser() if path else default_root()
-    try:
-        wanted = [DATASETS.entry(n).name for n in names] if names else dataset_names()
-    except SpecError as e:
-        out(str(e))
-        return 2
+    wanted = []
+    for n in names or dataset_names():
+        try:
+            wanted.append(DATASETS.entry(n).name)
+        except SpecError:
+            print(f"kernel-attention: data check: unknown dataset {n!r}; the staged datasets: "
+                  f"{', '.join(dataset_names())} (your own files: data check PATH)", file=sys.stderr)
+            return 2
     wanted = list(dict.fromkeys(SPECS[n].name for n in wanted))
     own = [n for n in wanted if SPECS[n].by_path]
     if own:

@@ -83,7 +83,7 @@ class TranslationModel(KernelRegularized, nn.Module):
                 TransformerBlock(d_model, n_heads, d_ff, attention=self.attn_cfg["encoder"], norm=norm,
                                  dropout=dropout)
                 for _ in range(enc_layers))
-        with config_place("decoder_attention (C) with cross_attention (B)"):
+        with config_place("decoder_attention (C)"):  # its filter is what a cross-attention kernel may conflict with
             self.decoder = nn.ModuleList(
                 TransformerBlock(d_model, n_heads, d_ff, attention=dec_cfg, cross_attention=self.attn_cfg["cross"],
                                  norm=norm, dropout=dropout)
