@@ -119,6 +119,8 @@ def test_lm_run_travels_and_unknown_prompt_words_warn(tmp_path, capsys):
     shutil.rmtree(corpus)
     assert main(["evaluate", str(run), "--test-file", str(new), "eval.batch_size=2"]) == 0
     assert last_json(capsys) == before and before["ppl"] > 1     # without its corpus: the run's own vocabulary
+    assert main(["evaluate", str(run), "--test-src", str(new), "--test-tgt", str(new)]) == 2
+    assert "with a translation run (a language-model run: --test-file)" in capsys.readouterr().err
     assert main(["generate", str(run), "--prompt", "the zebra cat", "--max-new", "2"]) == 0
     cap = capsys.readouterr()
     assert cap.out.split()[:3] == ["the", "zebra", "cat"] and len(cap.out.split()) == 5

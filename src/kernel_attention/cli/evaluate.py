@@ -69,7 +69,9 @@ def run(args) -> int:
         return 2
     if args.test_src or args.test_tgt:
         if not (args.test_src and args.test_tgt) or not hasattr(task, "set_test_pair"):
-            print("kernel-attention: --test-src and --test-tgt go together, with a translation run", file=sys.stderr)
+            other = " (a language-model run: --test-file)" if hasattr(task, "set_test_file") else ""
+            print(f"kernel-attention: --test-src and --test-tgt go together, with a translation run{other}",
+                  file=sys.stderr)
             return 2
         set_test, files = task.set_test_pair, (args.test_src, args.test_tgt)
     elif args.test_file:
