@@ -101,7 +101,8 @@ def test_second_derivatives_on_dense(kernel, mask):
 
 @pytest.mark.parametrize("kernel, mask, backend", [
     ("exp", "local:window=1", "auto"), ("exp", "local:window=1", "blockwise:block=1024"),
-    ("rbf", None, "sdpa:key_bias=mask"), ("poly", None, "linear"), ("linear", "causal", "linear"), ("ikas:R=4", None, "squared")])
+    ("rbf", None, "sdpa:key_bias=mask"), ("poly", None, "linear"), ("linear", "causal", "linear"),
+    ("ikas:R=4", None, "squared")])
 def test_a_backward_written_out_refuses_a_second_derivative(kernel, mask, backend):
     """Its gradients have no graph: asked for one (create_graph=True) it names dense, which has one, instead of
     a second derivative that would be missing (a gradient penalty taken as a constant)."""

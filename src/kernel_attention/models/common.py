@@ -24,8 +24,8 @@ from kernel_attention.kernels import KERNELS
 from kernel_attention.positions import POSITIONS
 from kernel_attention.registry import SpecError
 
-__all__ = ["ATTENTION_KEYS", "attention_config", "config_place", "ScaledEmbedding", "sinusoidal_input", "collect_decompositions",
-           "share_xl_biases", "KernelRegularized"]
+__all__ = ["ATTENTION_KEYS", "attention_config", "config_place", "ScaledEmbedding", "sinusoidal_input",
+           "collect_decompositions", "share_xl_biases", "KernelRegularized"]
 
 
 
