@@ -304,6 +304,17 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
     assert "step " not in capsys.readouterr().err                                  # progress=false: nothing
 
 
+def test_a_run_bounded_by_epochs_logs_its_last_steps(tmp_path, capsys):
+    """3 updates an epoch, 2 epochs, a record every 4: steps 5 and 6 end the run between two logged steps; their
+    record and progress line come at the end of the last epoch."""
+    Trainer(ToyTask(n_batches=5), _cfg(max_steps=None, max_epochs=2, log_every=4, eval_every=0, checkpoint_every=0,
+                                       progress=None), tmp_path).fit()
+    train = [r for r in _records(tmp_path) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [4, 6]
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("step ")]
+    assert lines[-1].startswith("step 6 ") or lines[-1].startswith("step 6/"), lines
+
+
 def test_plain_progress_lines_are_at_most_one_per_interval_but_the_last_always_prints():
     import io
 

@@ -362,7 +362,6 @@ class Trainer:
         self.metrics.open()
         bar, lines = progress_display(self.config.progress, self.planned_steps, self.step, self.is_main,
                                       getattr(self.task, "throughput_unit", "tokens"))
-        acc, steps_since, tokens_since = self._window
         t_last = time.time()
         interrupt = StopRequest(announce=self.is_main)
         interrupt.install()
@@ -381,33 +380,15 @@ class Trainer:
                         break
                     fresh = False
                     logs = self._update(group)
+                    acc, steps_since, tokens_since = self._window
                     for k, v in logs.items():
                         acc[k] = acc.get(k, 0.0) + v
-                    steps_since += 1
-                    tokens_since += self._tokens
-                    self._window = acc, steps_since, tokens_since
+                    self._window = acc, steps_since + 1, tokens_since + self._tokens
                     bar.update(1)
                     since_save, stop = None, False  # seconds since last.pt (the ranks' mean); Ctrl-C on a rank
                     if self.step % c.log_every == 0 or self._done():
-                        vals = D.all_reduce_mean({**{k: float(v) / steps_since for k, v in acc.items()},
-                                                  SINCE_SAVE: time.time() - self._saved_at,
-                                                  STOP: float(interrupt.requested)}, self.device)
-                        since_save, stop = vals.pop(SINCE_SAVE), vals.pop(STOP) > 0
-                        dt = max(time.time() - t_last, 1e-9)
-                        rate = {"steps_per_s": round(steps_since / dt, 3)}
-                        if tokens_since:
-                            rate["tokens_per_s"] = round(tokens_since * self.info.world_size / dt, 1)
-                        planned = {"planned_steps": self.planned_steps} if self.planned_steps else {}
-                        self.log({"split": "train", **vals, **({"tokens": tokens_since} if tokens_since else {}),
-                                  **rate, **planned})
-                        post = {"loss": f"{vals['loss']:.4g}", "lr": f"{vals['lr']:.3g}"}
-                        post.update({k.replace("_per_s", "/s"): v for k, v in rate.items()})
-                        bar.set_postfix(post, refresh=False)
-                        if lines is not None:
-                            lines.update(self.step, vals["loss"], vals["lr"], rate.get("tokens_per_s"),
-                                         rate["steps_per_s"], final=self._done())
-                        acc, t_last, steps_since, tokens_since = {}, time.time(), 0, 0
-                        self._window = acc, steps_since, tokens_since
+                        since_save, stop = self._log_window(t_last, interrupt, bar, lines)
+                        t_last = time.time()
                     if c.eval_every and self.step % c.eval_every == 0:
                         self._validate()
                     periodic = bool(c.checkpoint_every) and self.step % c.checkpoint_every == 0
@@ -426,6 +407,8 @@ class Trainer:
                 else:  # the inner loop ended because training is done, not because the epoch ran out
                     break
                 self.epoch, self.position = self.epoch + 1, 0
+                if self._done() and self._window[1]:  # the last epoch's steps since the last logged one
+                    self._log_window(t_last, interrupt, bar, lines)
             summary.update(self._finish())
         finally:
             interrupt.uninstall()
@@ -436,6 +419,30 @@ class Trainer:
     def _summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         return {**summary, "step": self.step, "epoch": self.epoch, "best": self.best,
                 "stopped_early": self.stopped_early}
+
+    def _log_window(self, t_last: float, interrupt: StopRequest, bar, lines) -> tuple[float, bool]:
+        """Log the updates since the last train record (``self._window``: summed logs, updates, tokens; ``t_last``
+        the time of that record) as one, averaged over the ranks, show it on the bar or the progress lines, and
+        start a new window.  Returns the ranks' mean seconds since last.pt and whether a rank was asked to stop."""
+        acc, steps_since, tokens_since = self._window
+        vals = D.all_reduce_mean({**{k: float(v) / steps_since for k, v in acc.items()},
+                                  SINCE_SAVE: time.time() - self._saved_at,
+                                  STOP: float(interrupt.requested)}, self.device)
+        since_save, stop = vals.pop(SINCE_SAVE), vals.pop(STOP) > 0
+        dt = max(time.time() - t_last, 1e-9)
+        rate = {"steps_per_s": round(steps_since / dt, 3)}
+        if tokens_since:
+            rate["tokens_per_s"] = round(tokens_since * self.info.world_size / dt, 1)
+        planned = {"planned_steps": self.planned_steps} if self.planned_steps else {}
+        self.log({"split": "train", **vals, **({"tokens": tokens_since} if tokens_since else {}), **rate, **planned})
+        post = {"loss": f"{vals['loss']:.4g}", "lr": f"{vals['lr']:.3g}"}
+        post.update({k.replace("_per_s", "/s"): v for k, v in rate.items()})
+        bar.set_postfix(post, refresh=False)
+        if lines is not None:
+            lines.update(self.step, vals["loss"], vals["lr"], rate.get("tokens_per_s"), rate["steps_per_s"],
+                         final=self._done())
+        self._window = {}, 0, 0
+        return since_save, stop
 
     def _finish(self) -> dict[str, Any]:
         """Final "valid"/"test" evaluation, last.pt, and the best checkpoint's test score."""
