@@ -179,6 +179,18 @@ def test_a_graphs_label_column_is_found_in_a_labels_file_and_before_a_split_colu
         assert rep["splits"] == "column split=part" and rep["sizes"].endswith("train 12 / val 4 / test 4")
 
 
+def test_a_last_column_headed_split_is_the_split_column_even_with_a_bad_value(tmp_path, capsys):
+    """A value out of the split vocabulary ('tst') is named in the split column, not blamed on the label column
+    (which, the split column not detected, was read as a feature)."""
+    g = write_csv_graph(tmp_path / "g", n=20, labels="topic")
+    rows = (g / "features.csv").read_text().splitlines()
+    split = ["train"] * 12 + ["valid"] * 4 + ["test"] * 3 + ["tst"]
+    (g / "features.csv").write_text("\n".join([rows[0] + ",split"] + [r + f",{s}" for r, s in zip(rows[1:], split)])
+                                    + "\n")
+    assert main(["data", "check", str(g)]) == 1
+    assert "the split column holds 'tst'; its values are train, valid" in capsys.readouterr().err
+
+
 def test_a_header_cell_that_reads_as_a_number_is_given_by_index(tmp_path, capsys):
     """A header naming a column `1` cannot go in the spec as label=1 (an index): the spec names the columns by
     index and says header=true, so the detected spec reads the file as detected."""

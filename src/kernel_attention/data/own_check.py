@@ -92,7 +92,8 @@ def _graph_spec(folder: Path) -> str:
         first = rows[0]
     if "label" not in first:
         last = {r[-1].strip().lower() for r in rows[1 if header else 0:]}
-        split = len(first) > 2 and last <= set(_SPLIT_VALUES) | {"", "-"} and bool(last - {"", "-"})
+        named = header and first[-1].strip().lower() == "split"  # then a bad value is named as the split's
+        split = len(first) > 2 and (named or last <= set(_SPLIT_VALUES) | {"", "-"} and bool(last - {"", "-"}))
         if split:  # the last column holds train / valid / test: a split column, the label before it
             spec += f",split={first[-1] if header else -1}"
         spec += f",label={first[-2 if split else -1] if header else (-2 if split else -1)}"
