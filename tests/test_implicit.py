@@ -326,3 +326,33 @@ def test_the_functional_api_pools_the_amortized_density_over_real_keys_only():
                                ka.attention(q, moved, v, kernel=kern, key_mask=km))
     assert kern.pool_key_mask is None
     assert not torch.allclose(ka.attention(q, k, v, kernel=kern), ka.attention(q, moved, v, kernel=kern))
+    qm = torch.tensor([[True] * 3 + [False] * 3])  # the queries pooled are the call's query_mask, not its key_mask
+    q_moved = q.clone()
+    q_moved[..., 3:, :] = 100.0
+    torch.testing.assert_close(ka.attention(q, k, v, kernel=kern, query_mask=qm)[..., :3, :],
+                               ka.attention(q_moved, k, v, kernel=kern, query_mask=qm)[..., :3, :])
+    assert kern.pool_query_mask is None
+    with pytest.raises(ValueError, match=r"query_mask must be a bool \(B, Tq\) = \(1, 6\)"):
+        ka.attention(q, k, v, kernel=kern, query_mask=km[:, :5])
+
+
+@pytest.mark.parametrize("kernel", ["ikan", "ikas", "mikan"])
+def test_a_cross_attention_pools_its_real_queries(kernel):
+    """Cross-attention (Tq = Tk, so no length tells the queries from the keys): the context's key mask drops no
+    real query from the pooled density, and padded queries named by query_mask change nothing; a TransformerBlock
+    passes its segment's padding mask so."""
+    torch.manual_seed(0)
+    att = ka.KernelAttention(16, 4, kernel=kernel).eval()
+    tgt, ctx = torch.randn(1, 5, 16), torch.randn(1, 5, 16)
+    ctx_mask = torch.tensor([[True, True, False, False, False]])
+    moved = tgt.clone()
+    moved[:, 2:] += 10.0  # real queries: they enter the pooled density
+    assert not torch.allclose(att(tgt, ctx, key_mask=ctx_mask)[:, :2], att(moved, ctx, key_mask=ctx_mask)[:, :2])
+    qm = torch.tensor([[True, True, True, False, False]])
+    padded = tgt.clone()
+    padded[:, 3:] = 100 * torch.randn(1, 2, 16)
+    torch.testing.assert_close(att(tgt, ctx, query_mask=qm)[:, :3], att(padded, ctx, query_mask=qm)[:, :3])
+    torch.testing.assert_close(att(tgt, ctx, query_mask=qm)[:, :3], att(tgt[:, :3], ctx), rtol=1e-5, atol=1e-5)
+    block = ka.TransformerBlock(16, 4, 32, attention={"kernel": "exp"}, cross_attention={"kernel": kernel}).eval()
+    torch.testing.assert_close(block(tgt, key_mask=qm, context=ctx)[:, :3],
+                               block(padded, key_mask=qm, context=ctx)[:, :3])

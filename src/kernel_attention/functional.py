@@ -165,6 +165,16 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, finite: bool = True, groups: i
         check_finite({"q": q, "k": k, "v": v})
 
 
+def _query_mask(query_mask: Tensor | None, q: Tensor) -> Tensor | None:
+    """``query_mask`` checked to be (B, Tq) bool for q (B, H, Tq, D)."""
+    if query_mask is not None and (not isinstance(query_mask, Tensor) or query_mask.dtype != torch.bool
+                                   or tuple(query_mask.shape) != (q.shape[0], q.shape[2])):
+        got = f"{query_mask.dtype} {tuple(query_mask.shape)}" if isinstance(query_mask, Tensor) else query_mask
+        raise ValueError(f"query_mask must be a bool (B, Tq) = {(q.shape[0], q.shape[2])} tensor (True = real "
+                         f"query), got {got}")
+    return query_mask
+
+
 def _same_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -252,7 +262,8 @@ def check_float_mask(name: str, t: Tensor | None, q: Tensor, k: Tensor) -> Tenso
 def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mask=None, *,
               key_mask: Tensor | None = None, is_causal: bool = False, bias: Tensor | None = None,
               terms: PositionalTerms | None = None, dropout_p: float = 0.0, need_weights: bool = False,
-              enable_gqa: bool = False, scale: float | None = None, backend="auto"):
+              enable_gqa: bool = False, scale: float | None = None, backend="auto",
+              query_mask: Tensor | None = None):
     r"""Kernel-smoother attention (Transformer Dissection, Definition 1).
 
     .. math::  out_i = \sum_{j \in M(i)} \frac{k(q_i, k_j)}{\sum_{j' \in M(i)} k(q_i, k_{j'})} v_j
@@ -266,6 +277,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
             float mask to the logits); a :class:`~kernel_attention.filters.Filter`; or a filter name or
             composition (``"causal"``, ``"causal&local:window=4"``).
         key_mask: (B, Tk) bool, True = real token; padding keys are excluded.
+        query_mask: (B, Tq) bool, True = real query: the queries a kernel pools over (the implicit kernels'
+            amortised density pools q and k); None: every query.  In self-attention with padding, pass the
+            key_mask here too (:class:`~kernel_attention.KernelAttention` does).  Other kernels ignore it.
         is_causal: intersect M with the (lower-right aligned) causal set.
         bias: extra additive log-kernel term broadcastable to (B, H, Tq, Tk), i.e. a multiplicative
             factor exp(bias) of the kernel (a positional kernel k_T in product form).
@@ -316,15 +330,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
                         f"{q.dtype}: move the kernel with .to({q.dtype}) (a layer's .to() moves its kernel)")
     problem = build_problem(q, k, v, kern, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights, enable_gqa=enable_gqa)
-    pools = key_mask is not None and pools_keys(problem.kernel)
-    if pools:  # the backends call log_kernel(q, k) and its relatives, which pool over keys, without the mask
+    pools = (key_mask is not None or query_mask is not None) and pools_keys(problem.kernel)
+    if pools:  # the backends call log_kernel(q, k) and its relatives, which pool over keys, without the masks
         problem.kernel.pool_key_mask = key_mask
+        problem.kernel.pool_query_mask = _query_mask(query_mask, q)
     try:
         with torch.autocast(q.device.type, enabled=False) if wide else contextlib.nullcontext():
             out, weights = _run(problem, backend)
     finally:
         if pools:
-            problem.kernel.pool_key_mask = None
+            problem.kernel.pool_key_mask = problem.kernel.pool_query_mask = None
     if wide:
         out = out.to(out_dtype)
         weights = weights.to(out_dtype) if weights is not None else None

@@ -81,10 +81,11 @@ class BlockState:
 
 
 class PoolsKeys:
-    """Capability: per-call state pooled over the keys; ``pool_key_mask`` (B, Tk) is the running call's
-    padding mask (None outside a call, or without padding)."""
+    """Capability: per-call state pooled over the keys (and queries); ``pool_key_mask`` (B, Tk) and
+    ``pool_query_mask`` (B, Tq) are the running call's padding masks (None outside a call, or without padding)."""
 
     pool_key_mask: Tensor | None = None
+    pool_query_mask: Tensor | None = None
 
     @property
     def pools_over_positions(self) -> bool:

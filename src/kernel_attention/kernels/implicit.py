@@ -180,7 +180,7 @@ class ImplicitKernel(SquaredFeatures, PoolsKeys, SimilarityMagnitudeKernel):
         """Spectral points for this call, each (B, H, R, d); records the KL for :meth:`regularization`."""
         if key_mask is None:
             key_mask = self.pool_key_mask
-        post = self.density.posterior(q, k, key_mask, self.amortized)
+        post = self.density.posterior(q, k, key_mask, self.amortized, query_mask=self.pool_query_mask)
         z, x = self.density.sample(post, self.R, rowsum=self.rowsum, clamp=self.clamp, negatives=self.negatives,
                                    fixed=None if self.training else self.eval_noise)
         self._record["kl"], self._record["copula"] = self.density.regularizer(post, x, self.copula_loss)

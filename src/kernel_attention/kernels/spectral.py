@@ -121,16 +121,15 @@ class ImplicitDensity(nn.Module):
         return (self.d, self.n_generators, self.has_copula, self.prior_std)
 
     def posterior(self, q: Tensor, k: Tensor, key_mask: Tensor | None = None,
-                  amortized: bool | str = True) -> Posterior:
+                  amortized: bool | str = True, query_mask: Tensor | None = None) -> Posterior:
         """q(z|h) from per-head q (B, H, Tq, d) and k (B, H, Tk, d), pooled over time.
 
-        ``key_mask`` (B, Tk) excludes padded keys from the pooling (and padded queries when Tq = Tk).
+        ``key_mask`` (B, Tk) excludes padded keys from the pooling, ``query_mask`` (B, Tq) padded queries.
         ``amortized=False`` feeds zeros instead, so q(z) is a learned constant: no information from
         other positions reaches the kernel (use it for causal models, see the implicit module's notes).
         ``amortized="keys"`` feeds zeros for the pooled queries only: in a decoder's cross-attention the
         keys (the encoder's output) are all visible to every query, the other queries are not."""
-        q_mask = key_mask if key_mask is not None and q.shape[-2] == k.shape[-2] else None
-        pooled_q = pool(q, q_mask)
+        pooled_q = pool(q, query_mask)
         if amortized == "keys":
             pooled_q = torch.zeros_like(pooled_q)
         x = torch.cat([pooled_q, pool(k, key_mask)], dim=-1)

@@ -150,7 +150,8 @@ class KernelAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Tensor | None = None, *, pos_q: Tensor | None = None,
                 pos_k: Tensor | None = None, query_offset: int | None = None, memory: Tensor | None = None,
-                mask=None, key_mask: Tensor | None = None, need_weights: bool = False):
+                mask=None, key_mask: Tensor | None = None, need_weights: bool = False,
+                query_mask: Tensor | None = None):
         """
         Args:
             query: (B, Tq, d_model) features f of the queries.
@@ -166,6 +167,9 @@ class KernelAttention(nn.Module):
             mask: extra filter for this call (bool tensor, float tensor, Filter or name), intersected
                 with the module's ``filter``.
             key_mask: (B, Tk) bool, True = real token (padding excluded); covers the memory too.
+            query_mask: (B, Tq) bool, True = real query: the queries a kernel pools over (the implicit
+                kernels' amortised density).  Default: ``key_mask`` in self-attention without memory, every
+                query otherwise (a cross-attention's padded queries: pass them here).
             need_weights: also return the (B, H, Tq, Tk) attention weights.
 
         Returns:
@@ -217,9 +221,12 @@ class KernelAttention(nn.Module):
             filt = self.filter if mask is None or float_mask else self.filter & make_filter(mask)
             bias = mask if float_mask else None
             check_broadcast("mask", bias, q, k)  # named as the caller passed it; attention() checks it as a bias
+            if query_mask is None and self_attention and memory is None:
+                query_mask = key_mask  # the queries are the keys
             out = kernel_attention_fn(q, k, v, self.kernel, filt, key_mask=key_mask, terms=terms, bias=bias,
                                       dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-                                      enable_gqa=self.kv_heads != self.n_heads, backend=self.backend)
+                                      enable_gqa=self.kv_heads != self.n_heads, backend=self.backend,
+                                      query_mask=query_mask)
         out, weights = out if need_weights else (out, None)
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))

@@ -122,9 +122,12 @@ class TransformerBlock(nn.Module):
             # The segment's own positions: after the memory when there is one, as in self-attention.
             offset = memory.shape[1] if pos is None and memory is not None and self.cross_attn.axes == 1 else None
 
+            # the segment's real tokens, for a kernel that pools over the queries
+            query_mask = None if key_mask is None else key_mask[:, key_mask.shape[1] - x.shape[1]:]
+
             def cross_fn(h):
                 return self.cross_attn(h, context, pos_q=pos, pos_k=context_pos, query_offset=offset,
-                                       key_mask=context_key_mask, need_weights=need_weights)
+                                       key_mask=context_key_mask, need_weights=need_weights, query_mask=query_mask)
 
             x, weights["cross"] = self._sublayer(x, self.ln_cross, cross_fn)
         x, _ = self._sublayer(x, self.ln2, self.ffn)
