@@ -356,3 +356,35 @@ def test_a_cross_attention_pools_its_real_queries(kernel):
     block = ka.TransformerBlock(16, 4, 32, attention={"kernel": "exp"}, cross_attention={"kernel": kernel}).eval()
     torch.testing.assert_close(block(tgt, key_mask=qm, context=ctx)[:, :3],
                                block(padded, key_mask=qm, context=ctx)[:, :3])
+
+
+@pytest.mark.parametrize("kernel", ["ikan", "ikas", "mikan"])
+def test_built_on_the_meta_device_then_loaded_it_evaluates_as_built_directly(kernel):
+    """The fixed evaluation noise is in no checkpoint: moved off the meta device (to_empty) it is drawn again,
+    instead of holding uninitialised memory (NaN outputs)."""
+    torch.manual_seed(0)
+    ref = ka.KernelAttention(16, 4, kernel=kernel).eval()
+    with torch.device("meta"):
+        lazy = ka.KernelAttention(16, 4, kernel=kernel)
+    assert lazy.kernel.eval_noise.is_meta
+    lazy = lazy.to_empty(device="cpu")
+    lazy.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 6, 16)
+    torch.testing.assert_close(lazy.eval()(x), ref(x))
+
+
+@pytest.mark.parametrize("kernel", ["ikan", "mikan"])
+def test_a_module_copies_and_pickles_after_a_call_with_gradients(kernel):
+    """The last call's KL term (part of that call's graph) stays behind: deepcopy (an EMA of the weights) and
+    torch.save of the whole module work between training steps, and the copy computes as the original."""
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    layer = ka.KernelAttention(16, 4, kernel=kernel)
+    layer(torch.randn(2, 6, 16)).sum().backward()
+    twin = copy.deepcopy(layer)
+    assert layer.kernel.regularization().requires_grad and not twin.kernel._record
+    torch.save(layer, io.BytesIO())
+    x = torch.randn(2, 6, 16)
+    torch.testing.assert_close(twin.eval()(x), layer.eval()(x))

@@ -161,12 +161,29 @@ class ImplicitKernel(SquaredFeatures, PoolsKeys, SimilarityMagnitudeKernel):
         if self.uses_density:
             # evaluation takes these R draws of the noise (a fixed seed, so not kept in checkpoints); the
             # density's mean alone would be one pair of frequencies, another kernel than the one trained
-            gen = torch.Generator().manual_seed(0)
-            self.register_buffer("eval_noise", torch.randn(2, 1, n_heads, R // 2, d_head, generator=gen,
-                                                           device="cpu"), persistent=False)
+            self.register_buffer("eval_noise", self._fixed_noise(torch.get_default_device()), persistent=False)
         self._record: dict = {}  # the last call's KL and copula terms
 
     uses_density = True
+
+    def _fixed_noise(self, device) -> Tensor:
+        gen = torch.Generator().manual_seed(0)
+        return torch.randn(2, 1, self.n_heads, self.R // 2, self.d_head, generator=gen, device="cpu").to(device)
+
+    def _apply(self, fn, recurse=True):
+        """As nn.Module's; a module built on the meta device and moved off it (``to_empty``) draws its fixed
+        evaluation noise again, which no checkpoint holds (``to_empty`` leaves the buffer uninitialised)."""
+        was_meta = self.uses_density and self.eval_noise.is_meta
+        out = super()._apply(fn, recurse)
+        if was_meta and not self.eval_noise.is_meta:
+            self.eval_noise = self._fixed_noise(self.eval_noise.device).to(self.eval_noise.dtype)
+        return out
+
+    def __getstate__(self) -> dict:
+        """The module's state less the last call's KL and copula terms, which hold that call's graph: a copy
+        (copy.deepcopy for an EMA of the weights) or a pickle of the module is taken between calls."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {**state, "_record": {}}
 
     def hparams(self) -> dict:
         return {"n_heads": self.n_heads, "d_head": self.d_head, "R": self.R, "p": self.p,
