@@ -99,6 +99,12 @@ def test_check_names_a_part_of_your_own_as_not_checked(cosine_module, capsys):
 def test_mistakes_in_a_part_of_your_own_are_named():
     """What a kernel, filter or registration of one's own gets wrong is named where it happens, not averaged in."""
     q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    with pytest.raises(TypeError, match="positive = False .* reads k itself from kernel"):
+        class SquaredDot(ka.Kernel):  # k in log_kernel would be read as log k, exp(k) normalised
+            positive = False
+
+            def log_kernel(self, q, k):
+                return (q @ k.transpose(-1, -2)) ** 2
 
     class OneBatchRow(ka.Kernel):
         name = "one-batch-row"

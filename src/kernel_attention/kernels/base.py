@@ -82,6 +82,15 @@ class Kernel(nn.Module):
         # constructors that name them, and nn.Module's own (*args, **kwargs) would accept anything.
         super().__init__()
 
+    def __init_subclass__(cls, **kwargs):
+        """A direct kernel (``positive = False``) is read through :meth:`kernel`; one that defines only
+        :meth:`log_kernel` would be taken as exp of what it returns."""
+        super().__init_subclass__(**kwargs)
+        if not cls.positive and cls.kernel is Kernel.kernel:
+            raise TypeError(f"kernel class {cls.__name__}: positive = False (k may be zero or negative, no log) "
+                            f"reads k itself from kernel(q, k), which it does not define; define kernel(q, k), "
+                            f"or set positive = True for a log_kernel")
+
     def log_kernel(self, q: Tensor, k: Tensor) -> Tensor:
         """log k(q_i, k_j): (B, H, Tq, D), (B, H, Tk, D) -> (B, H, Tq, Tk)."""
         raise NotImplementedError(f"kernel {self.name!r} is not positive; use .kernel()")
