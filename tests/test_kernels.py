@@ -71,6 +71,19 @@ def test_symmetric_module_shares_projection():
     assert n(asym) - n(sym) == 8 * 8 + 8
 
 
+def test_a_symmetric_layer_refuses_an_asymmetric_layers_weights():
+    """Its q_proj and k_proj are one module: of two different matrices one would be loaded without a word."""
+    sym = ka.KernelAttention(8, 2, symmetric=True)
+    with pytest.raises(RuntimeError, match=r"symmetric=True shares W_q = W_k.*q_proj\.weight and k_proj\.weight"):
+        sym.load_state_dict(ka.KernelAttention(8, 2).state_dict())
+    twin = ka.KernelAttention(8, 2, symmetric=True)
+    twin.load_state_dict(sym.state_dict())        # a symmetric layer's: one matrix under both names
+    assert torch.equal(twin.k_proj.weight, sym.q_proj.weight)
+    block = ka.TransformerBlock(8, 2, 16, attention={"symmetric": True})
+    with pytest.raises(RuntimeError, match=r"self_attn\.q_proj\.weight"):  # named with its prefix in a model
+        block.load_state_dict(ka.TransformerBlock(8, 2, 16).state_dict())
+
+
 def test_exp_equals_sdpa_with_masks():
     q, k, v = (t.float() for t in _qkv(Tq=5, Tk=5))
     F = torch.nn.functional

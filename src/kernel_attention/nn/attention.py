@@ -127,6 +127,8 @@ class KernelAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
         self.dropout = dropout
         self.backend = backend
+        if symmetric:
+            self._register_load_state_dict_pre_hook(_one_shared_projection)
 
     def _heads(self, x: Tensor) -> Tensor:
         """(B, T, h·d) -> (B, h, T, d)."""
@@ -231,6 +233,18 @@ class KernelAttention(nn.Module):
         b = query.shape[0]
         y = self.out_proj(out.transpose(1, 2).reshape(b, tq, self.n_heads * self.d_head))
         return (y, weights) if need_weights else y
+
+
+def _one_shared_projection(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                           error_msgs) -> None:
+    """Load hook of a symmetric layer: q_proj and k_proj are one module, so a state dict that holds two different
+    matrices for them (an asymmetric layer's) would load the last one silently."""
+    for name in ("weight", "bias"):
+        wq, wk = state_dict.get(f"{prefix}q_proj.{name}"), state_dict.get(f"{prefix}k_proj.{name}")
+        if isinstance(wq, Tensor) and isinstance(wk, Tensor) and (wq.shape != wk.shape or not torch.equal(wq, wk)):
+            error_msgs.append(f"{prefix or 'KernelAttention'}: symmetric=True shares W_q = W_k, and the state dict "
+                              f"holds two different {prefix}q_proj.{name} and {prefix}k_proj.{name} (an asymmetric "
+                              f"layer's); load it into KernelAttention(..., symmetric=False)")
 
 
 def hides_keys(filt) -> bool:
