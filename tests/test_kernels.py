@@ -186,3 +186,9 @@ def test_sdpa_layout_says_what_sdpa_form_returns():
             assert sdpa_layout(kern, key_bias) == expected, (name, key_bias)
     assert {n for n in KERNELS.names() if sdpa_layout(make_kernel(n, n_heads=2, d_head=8)) is not None} == {
         "exp", "rbf", "periodic"}
+
+
+def test_a_layers_repr_names_its_settings():
+    text = repr(ka.KernelAttention(16, 4, kv_heads=2, filter="causal&local:window=4", symmetric=False, dropout=0.1))
+    assert "d_model=16, n_heads=4, d_head=4, kv_heads=2, filter=(causal & local(window=4))" in text
+    assert "dropout=0.1" in text and "symmetric" not in text and "(kernel): ExpKernel" in text

@@ -130,6 +130,15 @@ class KernelAttention(nn.Module):
         if symmetric:
             self._register_load_state_dict_pre_hook(_one_shared_projection)
 
+    def extra_repr(self) -> str:
+        parts = [f"d_model={self.d_model}", f"n_heads={self.n_heads}", f"d_head={self.d_head}"]
+        if self.kv_heads != self.n_heads:
+            parts.append(f"kv_heads={self.kv_heads}")
+        parts += [f"filter={self.filter!r}", f"value_position={self.value_position!r}"]
+        parts += [p for p, on in ((f"dropout={self.dropout}", self.dropout), ("symmetric=True", self.symmetric),
+                                  (f"backend={self.backend!r}", self.backend != "auto")) if on]
+        return ", ".join(parts)
+
     def _heads(self, x: Tensor) -> Tensor:
         """(B, T, h·d) -> (B, h, T, d)."""
         b, t, _ = x.shape
