@@ -330,10 +330,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kernel: str | Kernel = "exp", mas
                         f"{q.dtype}: move the kernel with .to({q.dtype}) (a layer's .to() moves its kernel)")
     problem = build_problem(q, k, v, kern, mask, key_mask=key_mask, is_causal=is_causal, bias=bias,
                             terms=terms, dropout_p=dropout_p, need_weights=need_weights, enable_gqa=enable_gqa)
+    query_mask = _query_mask(query_mask, q)
     pools = (key_mask is not None or query_mask is not None) and pools_keys(problem.kernel)
     if pools:  # the backends call log_kernel(q, k) and its relatives, which pool over keys, without the masks
-        problem.kernel.pool_key_mask = key_mask
-        problem.kernel.pool_query_mask = _query_mask(query_mask, q)
+        problem.kernel.pool_key_mask, problem.kernel.pool_query_mask = key_mask, query_mask
     try:
         with torch.autocast(q.device.type, enabled=False) if wide else contextlib.nullcontext():
             out, weights = _run(problem, backend)
