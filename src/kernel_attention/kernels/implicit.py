@@ -31,10 +31,11 @@ of the call, the symmetric base z = [z~, -z~], w = sign(z) NN(|z|), R samples (d
 the layer is deterministic and its kernel is one Monte Carlo estimate of the trained one.  Pooling is over
 all positions given, so in a causal model the spectral points of position t see later positions: pass
 ``amortized=false`` there (q(z) becomes a learned constant).  In a decoder's cross-attention the queries are such
-a causal sequence and the keys (the encoder's output) are not: ``amortized=keys`` pools the keys only, so that teacher-forced training
-and step-by-step decoding give every target position the same spectral points.  Padded keys and queries leave
-the pooling: ``log_kernel(q, k, key_mask)`` takes the key mask, and :func:`~kernel_attention.attention` hands its
-``key_mask`` and ``query_mask`` to the kernel for the duration of a call.
+a causal sequence and the keys (the encoder's output) are not: ``amortized=keys`` pools the keys only, so that
+teacher-forced training and step-by-step decoding give every target position the same spectral points.  Padded
+keys and queries leave the pooling: ``log_kernel(q, k, key_mask)`` takes the key mask, and
+:func:`~kernel_attention.attention` hands its ``key_mask`` and ``query_mask`` to the kernel for the duration of a
+call.
 
 **Regulariser.** After a forward pass, ``kernel.regularization()`` is
 kl_weight · KL(q(z|h) || N(0, prior_std^2)) + copula_weight · copula term (MIKAN), summed over
