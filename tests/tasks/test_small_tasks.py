@@ -50,6 +50,9 @@ def test_regression_uses_only_training_rows_in_the_loss(train):
     trainer, _ = train(task, 60, lr=1e-2)
     after = trainer.evaluate("test")["rmse"]
     assert after < before and after < float(y.std())
+    with torch.no_grad():  # the paper's units: the scaled target's, as the studies convert with unit_factor
+        m = task.evaluate(trainer.model.eval(), "test")
+    assert m["rmse_scaled"] == pytest.approx(m["rmse"] / float(y[task.index["train"]].std(unbiased=False)), rel=1e-6)
 
 
 def test_node_classification_on_two_communities(train):
@@ -80,5 +83,7 @@ def test_bad_configs_of_small_tasks():
         build_task({"task": {"name": "regression", "scale": "log"}, "data": {"dataset": "concrete"}})
     with pytest.raises(SpecError, match="unknown dataset 'imdb'"):
         build_task({"task": "classification", "data": {"dataset": "imdb"}})
+    with pytest.raises(SpecError, match=r"fold=10 must be in \[0, folds=10\)"):  # an IndexError at the first batch
+        build_task({"task": {"name": "classification", "fold": 10}, "data": {"dataset": "mr"}})
     with pytest.raises(SpecError, match="does not fit this task; accepted: classifier"):
         build_task({"task": "classification", "data": {"dataset": "mr"}, "model": {"name": "regressor"}})

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernel_attention.registry import SpecError
 from kernel_attention.tasks.common import check_options, generator, model_spec
 from kernel_attention.tasks.data_source import check_dataset_spec, dataset_param, load_dataset
 from kernel_attention.training.metrics import accuracy
@@ -35,6 +36,8 @@ class ClassificationTask(Task):
                  *, model: Any = None, data: dict | None = None, eval: dict | None = None, seed: int = 0):
         check_dataset_spec(data, "task 'classification'", ("classification",))
         check_options(eval, {}, "eval")  # this task evaluates one way: an eval key would be ignored
+        if fold >= folds:
+            raise SpecError(f"task 'classification': fold={fold} must be in [0, folds={folds})")
         self.batch_size, self.fold, self.folds, self.max_len, self.min_freq = batch_size, fold, folds, max_len, min_freq
         self.seed = seed
         self.model_spec = model_spec(model, "classifier", ["classifier"])
