@@ -153,3 +153,19 @@ def test_the_node_classifiers_kernel_is_a_spec_string_or_mapping():
         model = MODELS.create({"name": "node_classifier", "kernel": spec}, in_features=5, n_classes=3)
         kernels = [m.kernel for m in model.modules() if isinstance(m, GraphAttention)]
         assert len(kernels) == 2 and all(k.name == "ikan-direct" and k.p == 3 for k in kernels)
+
+
+def test_an_edge_listed_twice_counts_twice():
+    """Each column of edge_index is one term of its node's sum (PyG's GATConv alike): the duplicate edges share the
+    weight of one, and node 1's output is the weighted sum over the three terms."""
+    torch.manual_seed(0)
+    layer = GraphAttention(3, 2, heads=1).eval()
+    h = torch.randn(3, 3)
+    edges = torch.tensor([[0, 0, 2], [1, 1, 1]])
+    out, (used, alpha) = layer(h, edges, need_weights=True)
+    mine = used[1] == 1
+    assert mine.sum() == 4 and torch.allclose(alpha[mine].sum(0), torch.ones(1))  # 0, 0 again, 2, the self loop
+    dup = alpha[mine & (used[0] == 0)]
+    assert dup.shape[0] == 2 and torch.allclose(dup[0], dup[1])
+    once, _ = layer(h, torch.tensor([[0, 2], [1, 1]]), need_weights=True)
+    assert not torch.allclose(out[1], once[1])

@@ -63,6 +63,9 @@ class GraphAttention(nn.Module):
         dropout: dropout on the attention weights (input dropout belongs to the model).
         negative_slope: GAT's LeakyReLU slope, also the c of the inactive branch.
         add_self_loops: replace self loops by exactly one per node.
+
+    Every column of ``edge_index`` is one term of its node's sum: an edge listed twice counts twice (as in PyG's
+    GATConv), so a multigraph is weighted by its multiplicities.
     """
 
     def __init__(self, in_dim: int, out_dim: int, heads: int = 1, kernel="gat", *, concat: bool = True,
