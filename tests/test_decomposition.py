@@ -141,3 +141,14 @@ def test_linear_magnitude_is_linear_times_magnitude_up_to_a_row_constant():
 def test_decompose_rejects_kernels_without_a_decomposition():
     with pytest.raises(ValueError, match="no similarity x magnitude decomposition"):
         ka.decompose("poly", torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
+
+
+def test_decompose_by_name_takes_kernels_without_weights_only():
+    """By name, ikan would be a new random kernel at each call: its module is asked for instead."""
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match="kernel 'ikan' has learned weights: pass the kernel module itself"):
+        ka.decompose("ikan", q, k)
+    kern = ka.make_kernel("ikan", n_heads=2, d_head=4).eval()
+    first = ka.decompose(kern, q, k)
+    assert all(torch.equal(a, b) for a, b in zip(first, ka.decompose(kern, q, k)))
+    assert ka.decompose("rbf-only", q, k)[0].shape == (1, 2, 3, 5)

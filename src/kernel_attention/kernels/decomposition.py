@@ -103,11 +103,18 @@ def decompose(kernel, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     """``(log_similarity, log_magnitude)`` of a kernel: Prop. 1 for ``exp``, the kernel's own
     ``decompose`` for the implicit family (``rbf-only``, ``expsin``, ``ikas``, ..., ``mikan``).
 
-    ``kernel`` is a :class:`~kernel_attention.kernels.Kernel` or a spec (name, ``"name:key=value"``)."""
+    ``kernel`` is a :class:`~kernel_attention.kernels.Kernel` or a spec (name, ``"name:key=value"``) of a kernel
+    without learned weights: a name of one with weights (``ikan``, ``mikan``, ...) would give a freshly initialised
+    kernel's, another at each call."""
     from kernel_attention.kernels import ExpKernel, make_kernel
 
     if not hasattr(kernel, "log_kernel"):
-        kernel = make_kernel(kernel, n_heads=q.shape[1], d_head=q.shape[-1])
+        made = make_kernel(kernel, n_heads=q.shape[1], d_head=q.shape[-1])
+        if next(made.parameters(), None) is not None:
+            raise ValueError(f"kernel {made.name!r} has learned weights: pass the kernel module itself (a layer's "
+                             f"layer.kernel, in eval() for a fixed draw), not its name, whose kernel would be a "
+                             f"new random one")
+        kernel = made
     if isinstance(kernel, ExpKernel):
         return exp_decompose(q, k, kernel.scale)
     if hasattr(kernel, "decompose"):
