@@ -101,7 +101,7 @@ def test_compiled_calls_choose_traceable_backends_and_explain_says_so():
     """While a graph is traced ``auto`` passes over the backends that read values back to the host."""
     from kernel_attention.backends import BACKENDS, ORDER
 
-    expected = {"sdpa": True, "flex": True, "banded": False, "squared": False, "blockwise": False, "linear": True,
+    expected = {"sdpa": True, "flex": True, "banded": False, "squared": False, "blockwise": False, "linear": False,
                 "dense": True}
     assert {n: BACKENDS.create(n).traceable for n in ORDER if n in expected} == expected
     seen = []
@@ -115,6 +115,30 @@ def test_compiled_calls_choose_traceable_backends_and_explain_says_so():
     torch.compile(spy, fullgraph=True)(q, q, q)
     assert seen == ["dense"]  # blockwise in eager, which cannot be traced
     assert ka.explain(q, q, q, kernel="exp", mask="local:window=4").name == "blockwise"
+
+
+@pytest.mark.parametrize("kernel, mask", [("linear", "causal"), ("poly", "bool")])
+def test_direct_kernels_compile_past_the_linear_backends_crossover(kernel, mask):
+    """At 300 keys eager runs poly and linear on the linear backend, whose mask checks and written-out backward
+    cannot be traced; compiled, auto takes dense, and the two agree, gradients included."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    m = torch.rand(1, 1, 300, 300) > 0.3 if mask == "bool" else mask
+    assert ka.explain(q, k, v, kernel=kernel, mask=m).name == ("linear" if mask == "causal" else "dense")
+
+    def f(q, k, v):
+        return ka.attention(q, k, v, kernel=kernel, mask=m)
+    got, ref = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v), f(q, k, v)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), q), torch.autograd.grad(ref.sum(), q))
+
+
+def test_a_backend_forced_by_name_that_cannot_be_traced_says_so():
+    q = torch.randn(1, 2, 12, 8)
+    f = torch.compile(lambda q: ka.attention(q, q, q, mask="local:window=4", backend="blockwise"), fullgraph=True,
+                      backend="aot_eager")
+    with pytest.raises(Exception, match="backend 'blockwise' is not traceable by torch.compile.*backend='auto'"):
+        f(q)
 
 
 def test_the_finiteness_check_costs_no_trace_and_can_be_asked_for():

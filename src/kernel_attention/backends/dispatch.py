@@ -103,6 +103,10 @@ def choose(p: Problem, backend=AUTO, explain: bool = True, skip: dict | None = N
         if isinstance(backend, str) and backend.split(":")[0] not in ORDER:
             raise SpecError(f"unknown backend {backend!r}; accepted: auto, {', '.join(ORDER)}")
         chosen = resolve_backend(backend)
+        if torch.compiler.is_compiling() and not chosen.traceable:
+            raise BackendError(f"backend {chosen.name!r} is not traceable by torch.compile (it reads values back "
+                               f"to the host); under torch.compile use backend='auto', which passes over it, or a "
+                               f"traceable one: {', '.join(n for n in ORDER if resolve_backend(n).traceable)}")
         why = chosen.supports(p)
         if why is not None:
             raise BackendError(f"backend {chosen.name!r} cannot run this call: {why}. Use backend='auto' "

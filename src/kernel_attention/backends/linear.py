@@ -87,6 +87,9 @@ class LinearBackend(Backend):
     """Feature-map attention, non-causal and chunked causal (see the module docstring)."""
 
     name = "linear"
+    # supports() reads a bool mask's values to find its structure, and the scans' written-out backward passes run
+    # autograd inside them: under torch.compile ``auto`` leaves poly and linear to dense
+    traceable = False
 
     def __init__(self, chunk: int = 256, slices: int | None = None):
         self.chunk, self.slices = chunk, slices
