@@ -241,7 +241,7 @@ def test_amortised_implicit_kernel_refuses_a_filter_it_would_leak_through():
 
 
 def test_broadcast_check_agrees_with_torch():
-    from kernel_attention.functional import _broadcasts
+    from kernel_attention.inputs import _broadcasts
 
     target = (2, 3, 5, 7)
     for shape in [(), (7,), (5, 7), (1, 7), (5, 1), (3, 1, 1), (2, 1, 5, 7), (2, 3, 5, 7), (6, 7), (5, 6),

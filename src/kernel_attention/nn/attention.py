@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from kernel_attention.positions.encodings import as_positions, make_encoding
 from kernel_attention.filters import Padding, make_filter
-from kernel_attention.functional import attention as kernel_attention_fn, check_broadcast
+from kernel_attention.functional import attention as kernel_attention_fn
+from kernel_attention.inputs import check_broadcast
 from kernel_attention.kernels import make_kernel
 from kernel_attention.nn.arguments import check_rate, check_sizes, flag
 from kernel_attention.positions import AbsolutePosition, default_positions, make_position

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernel_attention.functional import check_finite
+from kernel_attention.inputs import check_finite
 from kernel_attention.kernels.decomposition import gat_decompose, lp_norm_sq
 from kernel_attention.kernels.implicit import SimilarityMagnitudeKernel
 from kernel_attention.kernels import make_kernel
